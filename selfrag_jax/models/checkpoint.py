@@ -1,0 +1,129 @@
+"""Model checkpoints of this project, and `load_model` for anything a user may point at.
+
+A model checkpoint folder holds:
+    model_config.json   the LlamaConfig
+    params/             Orbax (restorable onto any mesh: pass shardings)
+    tokenizer/          the Self-RAG tokenizer (reflection tokens included)
+    hf_meta.json        optional: the original HF config and tensor dtypes, for lossless export
+Training step folders (selfrag_jax.training) contain the same files next to the optimizer
+state, so `load_model` accepts a model folder, a training step folder, a training run folder
+(latest step) or a Hugging Face Llama folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from selfrag_jax.models.config import LlamaConfig
+from selfrag_jax.models.params import to_layout
+from selfrag_jax.utils import atomic_dir
+
+
+def save_params(path: str | os.PathLike, params: Any) -> None:
+    import orbax.checkpoint as ocp
+
+    ckptr = ocp.StandardCheckpointer()
+    ckptr.save(Path(path).absolute(), params)
+    ckptr.wait_until_finished()
+
+
+def restore_params(path: str | os.PathLike, config: LlamaConfig, shardings: Any = None) -> Any:
+    """Restore parameters into the layout `config` asks for, placed by `shardings` (or host)."""
+    import orbax.checkpoint as ocp
+
+    path = Path(path).absolute()
+    ckptr = ocp.StandardCheckpointer()
+    meta = ckptr.metadata(path)
+    tree = getattr(meta, "item_metadata", meta)
+    stored_scanned = "layers" in tree
+    if stored_scanned == config.scan_layers and shardings is not None:
+        from selfrag_jax.models.llama import abstract_params
+
+        abstract, _ = abstract_params(config)
+        target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
+        return ckptr.restore(path, target)
+    params = ckptr.restore(path)
+    params = to_layout(jax.tree.map(np.asarray, params), config)
+    return jax.device_put(params, shardings) if shardings is not None else params
+
+
+def save_model(out_dir: str | os.PathLike, params: Any, config: LlamaConfig, tokenizer=None,
+               hf_meta: dict | None = None, tokenizer_files: str | os.PathLike | None = None) -> Path:
+    """Write a model checkpoint folder atomically (a crash leaves no half-written model).
+
+    `tokenizer` (a SelfRAGTokenizer) is saved as is; `tokenizer_files` copies a folder's
+    tokenizer files untouched instead (lossless conversion)."""
+    with atomic_dir(out_dir) as tmp:
+        config.save(tmp / "model_config.json")
+        save_params(tmp / "params", params)
+        if tokenizer is not None:
+            tokenizer.save(tmp / "tokenizer")
+        elif tokenizer_files is not None:
+            from selfrag_jax.models.hf import copy_tokenizer_files
+
+            copy_tokenizer_files(tokenizer_files, tmp / "tokenizer")
+        if hf_meta is not None:
+            (tmp / "hf_meta.json").write_text(json.dumps(hf_meta, indent=1))
+    return Path(out_dir)
+
+
+def resolve_model_dir(path: str | os.PathLike) -> Path:
+    """A model folder, a training step folder, or a run folder (its latest complete step)."""
+    path = Path(path)
+    if (path / "model_config.json").exists():
+        return path
+    steps = path / "checkpoints"
+    if steps.is_dir():
+        done = sorted((p for p in steps.iterdir() if p.name.isdigit() and (p / "model_config.json").exists()),
+                      key=lambda p: int(p.name))
+        if done:
+            return done[-1]
+    raise FileNotFoundError(f"{path}: not a selfrag-jax model checkpoint or Hugging Face Llama folder "
+                            "(no model_config.json or config.json + safetensors)")
+
+
+def load_model(path: str | os.PathLike, scan_layers: bool | None = None, shardings: Any = None,
+               **config_overrides):
+    """(config, params, tokenizer, hf_meta) from a checkpoint of ours or a HF Llama folder.
+
+    The tokenizer gains the reflection tokens if it lacks them; the embedding grows to match
+    (new rows at the mean of the old ones)."""
+    from selfrag_jax.models.hf import is_hf_folder, load_hf
+    from selfrag_jax.models.params import resize_vocab
+    from selfrag_jax.tokenizer import SelfRAGTokenizer
+
+    path = Path(path)
+    if is_hf_folder(path):
+        config, params, meta = load_hf(path, **({} if scan_layers is None else {"scan_layers": scan_layers}),
+                                       **config_overrides)
+        tokenizer = SelfRAGTokenizer.from_pretrained(path) if _has_tokenizer(path) else None
+        if tokenizer is not None and len(tokenizer) > config.vocab_size:
+            params, config = resize_vocab(params, config, len(tokenizer))
+        if shardings is not None:
+            params = jax.device_put(params, shardings)
+        return config, params, tokenizer, meta
+    folder = resolve_model_dir(path)
+    config = LlamaConfig.load(folder / "model_config.json")
+    overrides = dict(config_overrides)
+    if scan_layers is not None:
+        overrides["scan_layers"] = scan_layers
+    config = config.replace(**overrides)
+    tokenizer = SelfRAGTokenizer.from_pretrained(folder / "tokenizer") if (folder / "tokenizer").exists() else None
+    if tokenizer is not None and len(tokenizer) > config.vocab_size:
+        params, config = resize_vocab(restore_params(folder / "params", config), config, len(tokenizer))
+        params = jax.device_put(params, shardings) if shardings is not None else params
+    else:
+        params = restore_params(folder / "params", config, shardings)
+    meta_path = folder / "hf_meta.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.exists() else None
+    return config, params, tokenizer, meta
+
+
+def _has_tokenizer(path: Path) -> bool:
+    return (path / "tokenizer.json").exists() or (path / "tokenizer.model").exists()

@@ -1,0 +1,229 @@
+"""Hugging Face Llama folders <-> this project's parameters, through one name table.
+
+HF linear weights are `[out, in]`; ours are `[in..., out...]` (e.g. wq `[embed, heads,
+head_dim]`), so every matrix converts as `hf.T.reshape(ours)` and back as
+`ours.reshape(hf_shape[::-1]).T`. RoPE keeps HF's rotate-half layout, so q/k need no
+permutation. Tensors are read lazily from (sharded) safetensors and keep their dtype
+recorded, so an export reproduces the original tensors bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from selfrag_jax.models.config import LlamaConfig, from_hf_dict, to_hf_dict
+from selfrag_jax.models.params import to_layout
+
+# (HF name, our path inside a layer or at the top, kind). "{i}" is the layer index.
+TOP_TABLE = (
+    ("model.embed_tokens.weight", ("embedding",), "copy"),
+    ("model.norm.weight", ("final_norm", "scale"), "copy"),
+    ("lm_head.weight", ("lm_head",), "linear"),
+)
+LAYER_TABLE = (
+    ("model.layers.{i}.self_attn.q_proj.weight", ("attn", "wq"), "linear"),
+    ("model.layers.{i}.self_attn.k_proj.weight", ("attn", "wk"), "linear"),
+    ("model.layers.{i}.self_attn.v_proj.weight", ("attn", "wv"), "linear"),
+    ("model.layers.{i}.self_attn.o_proj.weight", ("attn", "wo"), "linear"),
+    ("model.layers.{i}.mlp.gate_proj.weight", ("mlp", "gate"), "linear"),
+    ("model.layers.{i}.mlp.up_proj.weight", ("mlp", "up"), "linear"),
+    ("model.layers.{i}.mlp.down_proj.weight", ("mlp", "down"), "linear"),
+    ("model.layers.{i}.input_layernorm.weight", ("attn_norm", "scale"), "copy"),
+    ("model.layers.{i}.post_attention_layernorm.weight", ("mlp_norm", "scale"), "copy"),
+)
+# Buffers some exports carry that hold no parameters.
+IGNORED_TENSORS = ("rotary_emb.inv_freq",)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+                   "added_tokens.json", "chat_template.jinja")
+EXTRA_FILES = ("generation_config.json",)
+
+
+def our_shapes(config: LlamaConfig) -> dict[tuple[str, ...], tuple[int, ...]]:
+    """Shape of every per-layer and top-level tensor in our (unscanned) layout."""
+    e, m, h, kv, d, v = (config.hidden_size, config.intermediate_size, config.num_heads, config.num_kv_heads,
+                         config.head_dim, config.vocab_size)
+    return {
+        ("embedding",): (v, e), ("final_norm", "scale"): (e,), ("lm_head",): (e, v),
+        ("attn", "wq"): (e, h, d), ("attn", "wk"): (e, kv, d), ("attn", "wv"): (e, kv, d),
+        ("attn", "wo"): (h, d, e), ("mlp", "gate"): (e, m), ("mlp", "up"): (e, m), ("mlp", "down"): (m, e),
+        ("attn_norm", "scale"): (e,), ("mlp_norm", "scale"): (e,),
+    }
+
+
+def name_table(config: LlamaConfig) -> Iterator[tuple[str, tuple[str, ...], str, tuple[int, ...]]]:
+    """(HF name, full path in the unscanned tree, kind, our shape) for every tensor."""
+    shapes = our_shapes(config)
+    for hf_name, path, kind in TOP_TABLE:
+        if path == ("lm_head",) and config.tie_word_embeddings:
+            continue
+        yield hf_name, path, kind, shapes[path]
+    for i in range(config.num_layers):
+        for hf_name, path, kind in LAYER_TABLE:
+            yield hf_name.format(i=i), (f"layers_{i}", *path), kind, shapes[path]
+
+
+# --------------------------------------------------------------------------------------
+# Reading
+# --------------------------------------------------------------------------------------
+class SafetensorsReader:
+    """Lazy access to the tensors of a folder with one or several safetensors files."""
+
+    def __init__(self, folder: Path):
+        from safetensors import safe_open
+
+        self.folder = folder
+        index = folder / "model.safetensors.index.json"
+        if index.exists():
+            weight_map = json.loads(index.read_text())["weight_map"]
+        else:
+            files = sorted(folder.glob("*.safetensors"))
+            if not files:
+                raise FileNotFoundError(f"{folder}: no *.safetensors files (and no model.safetensors.index.json)")
+            weight_map = {}
+            for f in files:
+                with safe_open(f, framework="numpy") as handle:
+                    weight_map.update({k: f.name for k in handle.keys()})
+        self.weight_map: dict[str, str] = weight_map
+        self._handles: dict[str, Any] = {}
+        self._open = safe_open
+
+    def names(self) -> list[str]:
+        return list(self.weight_map)
+
+    def get(self, name: str) -> np.ndarray:
+        file = self.weight_map[name]
+        if file not in self._handles:
+            path = self.folder / file
+            if not path.exists():
+                raise FileNotFoundError(f"{path}: listed in the safetensors index but missing")
+            self._handles[file] = self._open(path, framework="numpy")
+        return self._handles[file].get_tensor(name)
+
+
+def is_hf_folder(path: str | os.PathLike) -> bool:
+    p = Path(path)
+    return (p / "config.json").exists() and (any(p.glob("*.safetensors")) or (p / "model.safetensors.index.json").exists())
+
+
+def load_hf(folder: str | os.PathLike, scan_layers: bool = True, **config_overrides):
+    """Read a HF Llama folder. Returns (config, params as numpy float32, metadata for export)."""
+    folder = Path(folder)
+    config_path = folder / "config.json"
+    if not config_path.exists():
+        raise FileNotFoundError(f"{config_path}: missing (not a Hugging Face model folder)")
+    hf_config = json.loads(config_path.read_text())
+    config = from_hf_dict(hf_config, where=str(config_path), scan_layers=scan_layers, **config_overrides)
+    reader = SafetensorsReader(folder)
+    available = set(reader.names())
+    params: dict[str, Any] = {}
+    dtypes: dict[str, str] = {}
+    for hf_name, path, kind, shape in name_table(config):
+        if hf_name not in available:
+            raise ValueError(f"{folder}: tensor {hf_name!r} is missing from the safetensors files")
+        tensor = reader.get(hf_name)
+        dtypes[hf_name] = str(tensor.dtype)
+        expected = _hf_shape(path, kind, shape)
+        if tuple(tensor.shape) != expected:
+            raise ValueError(f"{folder}: tensor {hf_name!r} has shape {tuple(tensor.shape)}, "
+                             f"expected {expected} from config.json")
+        value = tensor.astype(np.float32)
+        value = value.T.reshape(shape) if kind == "linear" else value
+        node = params
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = value
+        available.discard(hf_name)
+    leftover = sorted(n for n in available if not n.endswith(IGNORED_TENSORS))
+    if config.tie_word_embeddings and "lm_head.weight" in leftover:
+        leftover.remove("lm_head.weight")  # some tied exports still write it
+    if leftover:
+        raise ValueError(f"{folder}: unexpected tensor {leftover[0]!r} (not part of a Llama model)")
+    meta = {"hf_config": hf_config, "dtypes": dtypes,
+            "extra": {name: json.loads((folder / name).read_text()) for name in EXTRA_FILES if (folder / name).exists()}}
+    return config, to_layout(params, config), meta
+
+
+# --------------------------------------------------------------------------------------
+# Writing
+# --------------------------------------------------------------------------------------
+def export_hf(params: dict[str, Any], config: LlamaConfig, out_dir: str | os.PathLike, meta: dict | None = None,
+              tokenizer_dir: str | os.PathLike | None = None, max_shard_bytes: int = 5 * 2**30) -> None:
+    """Write a HF Llama folder (config.json, safetensors shards + index, tokenizer files).
+
+    Written into a temporary sibling folder and renamed into place, so a crash never leaves
+    a half-written model at `out_dir`.
+    """
+    from safetensors.numpy import save_file
+
+    from selfrag_jax.utils import atomic_dir
+
+    meta = meta or {}
+    dtypes = meta.get("dtypes", {})
+    flat = to_layout(params, config.replace(scan_layers=False))
+    tensors: dict[str, np.ndarray] = {}
+    for hf_name, path, kind, shape in name_table(config):
+        value = flat
+        for key in path:
+            value = value[key]
+        value = np.asarray(value)
+        if kind == "linear":
+            value = value.reshape(_hf_shape(path, kind, shape)[::-1]).T
+        dtype = dtypes.get(hf_name, "float32")
+        tensors[hf_name] = np.ascontiguousarray(value.astype(_np_dtype(dtype)))
+
+    hf_config = dict(meta.get("hf_config") or to_hf_dict(config))
+    hf_config["vocab_size"] = config.vocab_size
+    with atomic_dir(out_dir) as tmp:
+        shards, current, size = [], {}, 0
+        for name, value in tensors.items():
+            if current and size + value.nbytes > max_shard_bytes:
+                shards.append(current)
+                current, size = {}, 0
+            current[name] = value
+            size += value.nbytes
+        shards.append(current)
+        if len(shards) == 1:
+            save_file(shards[0], str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        else:
+            weight_map = {}
+            for n, shard in enumerate(shards, 1):
+                file = f"model-{n:05d}-of-{len(shards):05d}.safetensors"
+                save_file(shard, str(tmp / file), metadata={"format": "pt"})
+                weight_map.update({name: file for name in shard})
+            total = sum(v.nbytes for v in tensors.values())
+            (tmp / "model.safetensors.index.json").write_text(
+                json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+        (tmp / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
+        for name, content in meta.get("extra", {}).items():
+            (tmp / name).write_text(json.dumps(content, indent=2) + "\n")
+        if tokenizer_dir is not None:
+            copy_tokenizer_files(tokenizer_dir, tmp)
+
+
+def _hf_shape(path: tuple[str, ...], kind: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """HF `[out, in]` shape of one of our tensors (wo is the one with two input dims)."""
+    if kind == "copy":
+        return shape
+    n_in = 2 if path[-1] == "wo" else 1
+    return (int(np.prod(shape[n_in:])), int(np.prod(shape[:n_in])))
+
+
+def _np_dtype(name: str):
+    import ml_dtypes
+
+    return ml_dtypes.bfloat16 if name == "bfloat16" else np.dtype(name)
+
+
+def copy_tokenizer_files(src: str | os.PathLike, dst: str | os.PathLike) -> None:
+    import shutil
+
+    src, dst = Path(src), Path(dst)
+    dst.mkdir(parents=True, exist_ok=True)
+    for name in TOKENIZER_FILES:
+        if (src / name).exists():
+            shutil.copy2(src / name, dst / name)

@@ -1,0 +1,307 @@
+"""A Flax Llama (Llama 2/3 shapes: RMSNorm, RoPE, grouped-query attention, SwiGLU).
+
+Reads top to bottom like the paper's architecture. Conventions:
+- Parameters are float32 and carry logical axis names; `selfrag_jax.sharding` maps the names
+  onto the mesh. Compute happens in `config.dtype`; norms, RoPE, softmax and logits in float32.
+- RoPE uses Hugging Face's rotate-half layout, so HF q/k weights load without permutation.
+- One call serves training and decoding. Without a cache, attention is causal within each
+  packed segment (`segment_ids`, 0 = padding). With a `KVCache` the new tokens are written at
+  each row's own end (`cache.end`), so rows of one batch can be at different lengths.
+- The KV cache is `[layers, batch, kv_heads, time, head_dim]`: never repeated for GQA.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import linen as nn
+from flax import struct
+from jax.ad_checkpoint import checkpoint_name
+
+from selfrag_jax.models.config import LlamaConfig
+
+NEG_INF = -1e30  # large finite negative: a fully masked row stays NaN-free
+
+
+def _dtype(name: str):
+    return jnp.dtype(name)
+
+
+def constrain(x: jax.Array, *logical: str | None) -> jax.Array:
+    """Pin an activation's sharding by logical names (no-op outside a mesh/rules context)."""
+    return nn.with_logical_constraint(x, logical)
+
+
+# --------------------------------------------------------------------------------------
+# KV cache
+# --------------------------------------------------------------------------------------
+class KVCache(struct.PyTreeNode):
+    k: jax.Array  # [layers, batch, kv_heads, time, head_dim]
+    v: jax.Array
+    end: jax.Array  # [batch] int32: number of valid slots per row
+
+    @property
+    def max_len(self) -> int:
+        return self.k.shape[3]
+
+    @classmethod
+    def zeros(cls, config: LlamaConfig, batch: int, max_len: int, dtype: Any = None) -> "KVCache":
+        dtype = dtype or _dtype(config.dtype)
+        shape = (config.num_layers, batch, config.num_kv_heads, max_len, config.head_dim)
+        return cls(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), jnp.zeros((batch,), jnp.int32))
+
+
+CACHE_LOGICAL = ("layers", "cache_batch", "cache_kv_heads", "cache_time", "head_dim")
+
+
+# --------------------------------------------------------------------------------------
+# Rotary position embedding (Hugging Face layout, with Llama-3 frequency scaling)
+# --------------------------------------------------------------------------------------
+def rope_inv_freq(config: LlamaConfig) -> np.ndarray:
+    d = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
+    rs = config.rope_scaling
+    if rs.rope_type == "linear":
+        inv_freq = inv_freq / rs.factor
+    elif rs.rope_type == "llama3":
+        low_wavelen = rs.original_max_position_embeddings / rs.low_freq_factor
+        high_wavelen = rs.original_max_position_embeddings / rs.high_freq_factor
+        wavelen = 2 * math.pi / inv_freq
+        scaled = np.where(wavelen > low_wavelen, inv_freq / rs.factor, inv_freq)
+        smooth = (rs.original_max_position_embeddings / wavelen - rs.low_freq_factor) / (
+            rs.high_freq_factor - rs.low_freq_factor)
+        smoothed = (1 - smooth) * scaled / rs.factor + smooth * scaled
+        medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        inv_freq = np.where(medium, smoothed, scaled)
+    return inv_freq.astype(np.float32)
+
+
+def rope_tables(positions: jax.Array, config: LlamaConfig) -> tuple[jax.Array, jax.Array]:
+    """cos, sin of shape [batch, length, head_dim] for integer positions [batch, length]."""
+    freqs = positions.astype(jnp.float32)[..., None] * jnp.asarray(rope_inv_freq(config))
+    emb = jnp.concatenate([freqs, freqs], axis=-1)
+    return jnp.cos(emb), jnp.sin(emb)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """x: [batch, length, heads, head_dim]; rotate-half as in Hugging Face Llama."""
+    x32 = x.astype(jnp.float32)
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
+    out = x32 * cos[:, :, None, :] + rotated * sin[:, :, None, :]
+    return out.astype(x.dtype)
+
+
+# --------------------------------------------------------------------------------------
+# Layers
+# --------------------------------------------------------------------------------------
+def _param(module: nn.Module, name: str, shape: tuple[int, ...], logical: tuple[str, ...], init=None):
+    cfg = module.config
+    init = init or nn.initializers.normal(cfg.initializer_range)
+    return module.param(name, nn.with_logical_partitioning(init, logical), shape, _dtype(cfg.param_dtype))
+
+
+class RMSNorm(nn.Module):
+    config: LlamaConfig
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        scale = _param(self, "scale", (self.config.hidden_size,), ("norm",), nn.initializers.ones)
+        x32 = x.astype(jnp.float32)
+        x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.config.rms_norm_eps)
+        return (scale * x32).astype(_dtype(self.config.dtype))
+
+
+class Attention(nn.Module):
+    config: LlamaConfig
+
+    @nn.compact
+    def __call__(self, x, cos, sin, mask, layer_cache, cache_end):
+        cfg = self.config
+        dt = _dtype(cfg.dtype)
+        e, h, kv, d = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        wq = _param(self, "wq", (e, h, d), ("embed", "heads", "head_dim"))
+        wk = _param(self, "wk", (e, kv, d), ("embed", "kv_heads", "head_dim"))
+        wv = _param(self, "wv", (e, kv, d), ("embed", "kv_heads", "head_dim"))
+        wo = _param(self, "wo", (h, d, e), ("heads", "head_dim", "embed"))
+
+        q = checkpoint_name(jnp.einsum("bse,ehd->bshd", x, wq.astype(dt)), "query_proj")
+        k = checkpoint_name(jnp.einsum("bse,ehd->bshd", x, wk.astype(dt)), "key_proj")
+        v = checkpoint_name(jnp.einsum("bse,ehd->bshd", x, wv.astype(dt)), "value_proj")
+        q = constrain(apply_rope(q, cos, sin), "activation_batch", "activation_length", "activation_heads", None)
+        k = apply_rope(k, cos, sin)
+        k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [batch, kv_heads, length, head_dim]
+
+        new_cache = None
+        if layer_cache is not None:
+            # Write the new keys/values at each row's own end, then attend over the whole cache.
+            def write(c, u, i):
+                return jax.lax.dynamic_update_slice(c, u.astype(c.dtype), (0, i, 0))
+
+            ck = jax.vmap(write)(layer_cache[0], k, cache_end)
+            cv = jax.vmap(write)(layer_cache[1], v, cache_end)
+            new_cache = (ck, cv)
+            k, v = ck.astype(dt), cv.astype(dt)
+
+        b, s = x.shape[:2]
+        qg = q.reshape(b, s, kv, h // kv, d)
+        scores = jnp.einsum("bskgd,bktd->bkgst", qg, k).astype(jnp.float32) / math.sqrt(d)
+        scores = jnp.where(mask[:, None, None, :, :], scores, NEG_INF)
+        probs = jax.nn.softmax(scores, axis=-1).astype(dt)
+        out = jnp.einsum("bkgst,bktd->bskgd", probs, v).reshape(b, s, h, d)
+        out = checkpoint_name(jnp.einsum("bshd,hde->bse", out, wo.astype(dt)), "out_proj")
+        return out, new_cache
+
+
+class MLP(nn.Module):
+    config: LlamaConfig
+
+    @nn.compact
+    def __call__(self, x):
+        cfg = self.config
+        dt = _dtype(cfg.dtype)
+        gate = _param(self, "gate", (cfg.hidden_size, cfg.intermediate_size), ("embed", "mlp"))
+        up = _param(self, "up", (cfg.hidden_size, cfg.intermediate_size), ("embed", "mlp"))
+        down = _param(self, "down", (cfg.intermediate_size, cfg.hidden_size), ("mlp", "embed"))
+        hidden = jax.nn.silu(x @ gate.astype(dt)) * (x @ up.astype(dt))
+        hidden = constrain(hidden, "activation_batch", "activation_length", "activation_mlp")
+        return hidden @ down.astype(dt)
+
+
+class DecoderLayer(nn.Module):
+    """x + attn(norm(x)), then x + mlp(norm(x)). Signature fits `nn.scan`: (carry, xs, *bcast)."""
+
+    config: LlamaConfig
+
+    @nn.compact
+    def __call__(self, x, layer_cache, cos, sin, mask, cache_end):
+        attn_out, new_cache = Attention(self.config, name="attn")(
+            RMSNorm(self.config, name="attn_norm")(x), cos, sin, mask, layer_cache, cache_end)
+        x = x + attn_out
+        x = x + MLP(self.config, name="mlp")(RMSNorm(self.config, name="mlp_norm")(x))
+        x = constrain(x, "activation_batch", "activation_length", "activation_embed")
+        return x, new_cache
+
+
+REMAT_POLICY = {
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.checkpoint_dots,
+    "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    "save_qkv_out": jax.checkpoint_policies.save_only_these_names("query_proj", "key_proj", "value_proj", "out_proj"),
+}
+
+
+class Llama(nn.Module):
+    config: LlamaConfig
+
+    def setup(self):
+        cfg = self.config
+        self.embedding = _param(self, "embedding", (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"))
+        layer = DecoderLayer
+        if cfg.remat_policy != "none":
+            layer = nn.remat(layer, policy=REMAT_POLICY[cfg.remat_policy], prevent_cse=not cfg.scan_layers)
+        if cfg.scan_layers:
+            self.layers = nn.scan(
+                layer,
+                variable_axes={"params": 0},
+                split_rngs={"params": True},
+                in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
+                length=cfg.num_layers,
+                metadata_params={nn.PARTITION_NAME: "layers"},
+            )(cfg, name="layers")
+        else:
+            self.layer_list = [layer(cfg, name=f"layers_{i}") for i in range(cfg.num_layers)]
+        self.final_norm = RMSNorm(cfg, name="final_norm")
+        if not cfg.tie_word_embeddings:
+            self.lm_head = _param(self, "lm_head", (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"))
+
+    def __call__(self, tokens: jax.Array, positions: jax.Array | None = None, segment_ids: jax.Array | None = None,
+                 cache: KVCache | None = None, num_new: jax.Array | None = None, return_hidden: bool = False):
+        """tokens [batch, length] -> (logits [batch, length, vocab] float32, new cache or None).
+
+        Training: `segment_ids` (0 = padding) keep packed examples apart; `positions` restart
+        per segment. Decoding: pass `cache`; the tokens go to slots `cache.end + i`, and
+        `num_new` [batch] (default: all) says how many of them are real, so right-padded
+        prompts of different lengths prefill in one call.
+        """
+        cfg = self.config
+        b, s = tokens.shape
+        if cache is not None:
+            slots = cache.end[:, None] + jnp.arange(s)[None, :]
+            positions = slots if positions is None else positions
+            # A query at slot q sees every written slot <= q of its own row.
+            mask = jnp.arange(cache.max_len)[None, None, :] <= slots[:, :, None]
+        else:
+            positions = jnp.broadcast_to(jnp.arange(s)[None, :], (b, s)) if positions is None else positions
+            seg = jnp.ones((b, s), jnp.int32) if segment_ids is None else segment_ids
+            causal = jnp.tril(jnp.ones((s, s), bool))[None]
+            mask = causal & (seg[:, :, None] == seg[:, None, :])
+
+        x = jnp.take(self.embedding, tokens, axis=0).astype(_dtype(cfg.dtype))
+        x = constrain(x, "activation_batch", "activation_length", "activation_embed")
+        cos, sin = rope_tables(positions, cfg)
+        end = cache.end if cache is not None else None
+
+        if cfg.scan_layers:
+            kv = (cache.k, cache.v) if cache is not None else None
+            x, new_kv = self.layers(x, kv, cos, sin, mask, end)
+        else:
+            new_k, new_v = [], []
+            for i, layer in enumerate(self.layer_list):
+                layer_kv = (cache.k[i], cache.v[i]) if cache is not None else None
+                x, out_kv = layer(x, layer_kv, cos, sin, mask, end)
+                if out_kv is not None:
+                    new_k.append(out_kv[0])
+                    new_v.append(out_kv[1])
+            new_kv = (jnp.stack(new_k), jnp.stack(new_v)) if cache is not None else None
+
+        new_cache = None
+        if cache is not None:
+            added = jnp.full((b,), s, jnp.int32) if num_new is None else num_new.astype(jnp.int32)
+            new_cache = KVCache(new_kv[0], new_kv[1], cache.end + added)
+
+        x = self.final_norm(x)
+        if return_hidden:
+            return x, new_cache
+        return self.logits(x), new_cache
+
+    def logits(self, hidden: jax.Array) -> jax.Array:
+        """Output projection in float32 (the loss and reflection-token probabilities need it)."""
+        w = self.embedding.T if self.config.tie_word_embeddings else self.lm_head
+        logits = jnp.einsum("bse,ev->bsv", hidden.astype(jnp.float32), w.astype(jnp.float32))
+        return constrain(logits, "activation_batch", "activation_length", "activation_vocab")
+
+
+# --------------------------------------------------------------------------------------
+# Parameter helpers
+# --------------------------------------------------------------------------------------
+def _init_fn(config: LlamaConfig):
+    model = Llama(config)
+
+    def init(rng):
+        return model.init(rng, jnp.zeros((1, 1), jnp.int32))["params"]
+
+    return init
+
+
+def abstract_params(config: LlamaConfig):
+    """(abstract unboxed params, logical PartitionSpec tree) without allocating anything."""
+    boxed = jax.eval_shape(_init_fn(config), jax.random.PRNGKey(0))
+    return nn.unbox(boxed), nn.get_partition_spec(boxed)
+
+
+def init_params(config: LlamaConfig, rng: jax.Array | int = 0, shardings: Any = None):
+    """Random parameters (plain float32 arrays), born sharded when `shardings` is given."""
+    if isinstance(rng, int):
+        rng = jax.random.PRNGKey(rng)
+    init = _init_fn(config)
+    fn = jax.jit(lambda r: nn.unbox(init(r)), out_shardings=shardings)
+    return fn(rng)
+
+
+def param_logical_specs(config: LlamaConfig):
+    return abstract_params(config)[1]

