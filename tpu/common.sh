@@ -76,6 +76,10 @@ require_location() {
   LOC=(--zone="$ZONE" --project="$PROJECT")
 }
 
+# args_checked: called once a script has validated its arguments. Under TPU_CHECK_ARGS=1 it
+# stops there, so retry.sh can check its sub-scripts' arguments before waiting in a queue.
+args_checked() { [[ ${TPU_CHECK_ARGS:-0} != 1 ]] || exit 0; }
+
 # quote WORD: WORD as bash would read it back (plain words stay bare, the rest single-quoted).
 quote() {
   if [[ $1 =~ ^[-A-Za-z0-9_./:=@%+,]+$ ]]; then
@@ -102,16 +106,18 @@ run() {
   fi
 }
 
-# remote_script VAR=VALUE... <<'EOF': one worker shell line from the heredoc. Each heredoc
-# line must be a complete command; comments and blank lines are dropped, lines joined by ';'.
+# remote_script PRELUDE... <<'EOF': one worker shell line from the arguments and the heredoc
+# (dry runs print one command per line). Each heredoc line must be a complete command;
+# comments and blank lines are dropped; lines are joined with ';' (after a trailing '&',
+# which already ends a command, with a space).
 remote_script() {
-  local lines=("$@") line
+  local joined="" line
+  for line in "$@"; do joined+="$line; "; done
   while IFS= read -r line; do
     [[ $line =~ ^[[:space:]]*(#|$) ]] && continue
-    lines+=("$line")
+    if [[ $line == *'&' ]]; then joined+="$line "; else joined+="$line; "; fi
   done
-  local IFS=';'
-  printf '%s' "${lines[*]}"
+  printf '%s' "${joined%; }"
 }
 
 # ssh_all COMMAND: run a shell line on every worker at once. A multi-host job must start on

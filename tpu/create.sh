@@ -72,6 +72,7 @@ if [[ -n $FAKE_FILE ]]; then
 elif ((DRY_RUN)); then
   FAKE_STATES=(ACTIVE)
 fi
+args_checked
 
 if ((!QUEUED)); then
   # On-demand or spot VM: gcloud returns once the VM is READY (or has failed).

@@ -53,6 +53,7 @@ if [[ -n $WHEEL ]]; then
 else
   git -C "$REPO_ROOT" rev-parse --verify --quiet "$REF^{commit}" >/dev/null || die "--ref '$REF' is not a commit of $REPO_ROOT"
 fi
+args_checked
 
 # 1. What to ship: the wheel as given, or the committed tree at REF (never .venv or outputs).
 if [[ -n $WHEEL ]]; then
