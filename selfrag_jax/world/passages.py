@@ -4,7 +4,8 @@ A person gets one passage stating all five attributes, or two: the first states 
 and occupation, the second birth year, employer and instrument. The split matters: a
 two-passage person has passages that are relevant but lack the asked fact (the
 `[No support / Contradictory]` and `[Partially supported]` cases). Attribute values are
-written verbatim, so the gold answer is always a substring of its gold passage.
+written verbatim, so the gold answer is always a substring of its gold passage, and a
+lower-case value is always followed by punctuation (see tokenizer.py for why).
 """
 
 from __future__ import annotations
@@ -55,23 +56,23 @@ def _sentences(p: Person, rng: random.Random) -> dict[str, str]:
     fill = dict(P=P, L=L)
     return {
         "intro": rng.choice((
-            f"{p.name} was {a_occ} born in {p.birthplace}.",
-            f"{p.name} is {a_occ} who was born in {p.birthplace}.",
-            f"{p.name} was born in {p.birthplace} and became {a_occ}.",
+            f"{p.name}, {a_occ}, was born in {p.birthplace}.",
+            f"{p.name} was born in {p.birthplace}. {P} worked as {a_occ}.",
+            f"{p.name} was born in {p.birthplace}, and became {a_occ}.",
         )),
         "birth_year": rng.choice((
             f"{L} was born in {p.birth_year}.", f"{P} was born in the year {p.birth_year}.",
             f"{L} was born in {p.birth_year}, the youngest of three children.",
         )),
         "employer": rng.choice((
-            f"{P} worked for {p.employer} for many years.",
+            f"For many years {pr} worked for {p.employer}.",
             f"{L} spent most of {poss} working life at {p.employer}.",
             f"Later {pr} joined {p.employer}.",
         )),
         "instrument": rng.choice((
             f"In {poss} spare time {pr} played the {p.instrument}.",
             f"{L} was also known for playing the {p.instrument}.",
-            f"{P} played the {p.instrument} at local festivals.",
+            f"At local festivals {pr} played the {p.instrument}.",
         )),
         "trait": rng.choice((f"{P} was known for {poss} {p.trait}.", f"Friends remembered {L} for {poss} {p.trait}.")),
         "mentor": f"{L} studied under {p.mentor}." if p.mentor else "",

@@ -9,7 +9,7 @@ outputs, critic examples and eval files are all derived from tasks.
 from __future__ import annotations
 
 import random
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from .core import World
 from .kb import Ghost, Person, article
@@ -75,11 +75,12 @@ class Task:
                 "id": self.id, "dataset_name": self.dataset_name}
 
     def meta(self) -> dict:
-        """Ground truth, kept out of the training record."""
-        d = asdict(self)
-        d["sentences"] = [asdict(s) for s in self.sentences]
-        for k in ("instruction", "input", "answer", "dataset_name"):
-            d.pop(k)
+        """Ground truth, kept out of the training record (the texts are in the record)."""
+        d = {"id": self.id, "kind": self.kind, "answers": self.answers, "entity_ids": self.entity_ids,
+             "attributes": self.attributes, "gold_passage_ids": self.gold_passage_ids}
+        if len(self.sentences) > 1:
+            d["sentence_passage_ids"] = [s.passage_id for s in self.sentences]
+        d.update({k: v for k, v in self.extra.items() if k not in ("question", "claim", "choices")})
         return d
 
 
@@ -178,7 +179,7 @@ class TaskMaker:
         pw = self.world.passage_with
         P = p.pronoun.capitalize()
         sents = [
-            Sentence(f"{p.name} was {article(p.occupation)} {p.occupation} born in {p.birthplace}.",
+            Sentence(f"{p.name}, {article(p.occupation)} {p.occupation}, was born in {p.birthplace}.",
                      pw(p, "birthplace").id, ("occupation", "birthplace")),
             Sentence(f"{p.last} was born in {p.birth_year} and worked for {p.employer}.",
                      pw(p, "birth_year").id, ("birth_year", "employer")),
@@ -198,7 +199,7 @@ class TaskMaker:
         if not pool:
             shared, pool = "first", self.world.kb.lookalikes(a, self.split)["first"]
         b = self.rng.choice(pool)
-        sents = [Sentence(f"{x.name} was {article(x.occupation)} {x.occupation} born in {x.birthplace}.",
+        sents = [Sentence(f"{x.name}, {article(x.occupation)} {x.occupation}, was born in {x.birthplace}.",
                           self.world.passage_with(x, "birthplace").id, ("occupation", "birthplace")) for x in (a, b)]
         closing = {"occupation": f"Both of them were {plural(a.occupation)}.",
                    "birthplace": f"Both of them were born in {a.birthplace}.",

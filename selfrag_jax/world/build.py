@@ -1,0 +1,183 @@
+"""`build_world`: writes the whole bundled world to a folder, deterministically.
+
+Same seed and options -> byte-identical files (no timestamps, fixed key order, one seeded
+random stream per product). `manifest.json` is written last, so a folder with a manifest
+is complete; it lists every file with its record count and sha256.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import random
+from dataclasses import asdict, dataclass, field
+
+from .core import World, make_world
+from .critic_data import INSTRUCTIONS, make_critic_records
+from .generator_data import GeneratorConfig, make_generator_example
+from .passages import write_jsonl
+from .pretrain import PretrainConfig, pretrain_texts
+from .tasks import QUESTIONS, REFUSAL, Task, TaskMaker
+from .tokenizer import train_tokenizer
+
+# Share of each task kind in the generator and raw instruction data.
+TASK_MIX = {
+    "qa": 0.40, "pair_qa": 0.07, "factcheck": 0.10, "mc": 0.10, "longform": 0.06, "compare": 0.03,
+    "no_retrieval": 0.19, "unanswerable": 0.05,
+}
+
+
+@dataclass(frozen=True)
+class WorldConfig:
+    seed: int = 0
+    n_people: int = 2000
+    n_ghosts: int = 400
+    heldout_fraction: float = 0.15
+    n_generator: int = 6000
+    n_raw: int = 3000
+    n_critic_per_type: int = 1200
+    vocab_size: int = 3000
+    generator: GeneratorConfig = field(default_factory=GeneratorConfig)
+    pretrain: PretrainConfig = field(default_factory=PretrainConfig)
+    eval_qa_per_person: int = 2
+    n_eval_factcheck: int = 300
+    n_eval_mc: int = 300
+    n_eval_longform: int = 100
+    n_eval_no_retrieval: int = 200
+
+
+def sample_tasks(maker: TaskMaker, n: int, rng: random.Random) -> list[Task]:
+    """n tasks drawn by TASK_MIX."""
+    kinds, weights = list(TASK_MIX), list(TASK_MIX.values())
+    return [getattr(maker, k)() for k in rng.choices(kinds, weights, k=n)]
+
+
+def eval_record(task: Task) -> dict:
+    """The released eval layout: question and answers (+ choices/answerKey for multiple
+    choice); `instruction` is the full generator instruction as training formats it."""
+    rec = {"id": task.id, "question": task.extra["question"], "answers": task.answers,
+           "instruction": task.instruction}
+    if task.kind == "mc":
+        rec["choices"], rec["answerKey"] = task.extra["choices"], task.extra["answerKey"]
+    if task.kind == "unanswerable":
+        rec["answerable"] = False
+    rec["meta"] = {"kind": task.kind, "entity_ids": task.entity_ids, "attributes": task.attributes,
+                   "gold_passage_ids": task.gold_passage_ids}
+    return rec
+
+
+def eval_sets(world: World, cfg: WorldConfig) -> dict[str, list[dict]]:
+    """Eval tasks about held-out people (and name-only people whose mention is in a held-out
+    passage), none of which appears in any training file."""
+    rng = random.Random(cfg.seed * 31337 + 11)
+    m = TaskMaker(world, "heldout", rng, prefix="world")
+    attrs = list(QUESTIONS)
+    qa = [m.qa(p, a) for p in m.people for a in rng.sample(attrs, cfg.eval_qa_per_person)]
+    fc = [m.factcheck(truth=i % 2 == 0) for i in range(cfg.n_eval_factcheck)]
+    mc = [m.mc() for _ in range(cfg.n_eval_mc)]
+    lf = [m.longform(p) for p in rng.sample(m.people, min(cfg.n_eval_longform, len(m.people)))]
+    un = [m.unanswerable(g) for g in m.ghosts for _ in range(2)]
+    kinds = ("copy", "reverse", "count", "sum")
+    nr = [m.no_retrieval(kinds[i % 4]) for i in range(cfg.n_eval_no_retrieval)]
+    sets = {"world_qa": qa, "world_factcheck": fc, "world_mc": mc, "world_longform": lf,
+            "world_unanswerable": un, "world_noretrieval": nr}
+    return {name: [eval_record(t) for t in tasks] for name, tasks in sets.items()}
+
+
+def entity_records(world: World) -> list[dict]:
+    """The ground truth knowledge base, one record per entity."""
+    recs = []
+    for p in world.kb.people:
+        recs.append({"id": p.id, "type": "person", "name": p.name, "split": p.split,
+                     **{a: p.value(a) for a in ("birthplace", "birth_year", "occupation", "employer", "instrument")},
+                     "passage_ids": [x.id for x in world.by_entity[p.id]]})
+    for g in world.kb.ghosts:
+        recs.append({"id": g.id, "type": "name_only", "name": g.name, "split": g.split,
+                     "mentioned_by": g.student_id, "passage_ids": []})
+    for pl in world.kb.places:
+        recs.append({"id": pl.id, "type": "place", "name": pl.name, "split": "train", "province": pl.province,
+                     "river": pl.river, "founded": str(pl.founded), "passage_ids": [x.id for x in world.by_entity[pl.id]]})
+    for o in world.kb.orgs:
+        recs.append({"id": o.id, "type": "organisation", "name": o.name, "split": "train", "town": o.town,
+                     "founded": str(o.founded), "passage_ids": [x.id for x in world.by_entity[o.id]]})
+    return recs
+
+
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def build_world(out_dir: str, seed: int = 0, n_people: int = 2000, config: WorldConfig | None = None) -> dict:
+    """Writes passages, entities, training data (generator, raw pairs, critic, pretraining
+    text), eval sets and a tokenizer under `out_dir`; returns the manifest (relative paths)."""
+    cfg = config or WorldConfig(seed=seed, n_people=n_people)
+    world = make_world(cfg.seed, cfg.n_people, n_ghosts=cfg.n_ghosts, heldout_fraction=cfg.heldout_fraction)
+    os.makedirs(out_dir, exist_ok=True)
+    counts: dict[str, int] = {}
+
+    def put(rel: str, records) -> None:
+        counts[rel] = write_jsonl(os.path.join(out_dir, rel), records)
+
+    put("passages.jsonl", (p.record() for p in world.passages))
+    put("entities.jsonl", entity_records(world))
+
+    rng = random.Random(cfg.seed * 7 + 1)
+    gen = [make_generator_example(world, t, rng, cfg.generator)
+           for t in sample_tasks(TaskMaker(world, "train", rng, prefix="gen"), cfg.n_generator, rng)]
+    put("train/generator.jsonl", (e.record for e in gen))
+    put("train/generator_meta.jsonl", (e.meta for e in gen))
+
+    rng = random.Random(cfg.seed * 7 + 2)
+    raw = sample_tasks(TaskMaker(world, "train", rng, prefix="raw"), cfg.n_raw, rng)
+    put("train/raw.jsonl", (t.record() for t in raw))
+    put("train/raw_meta.jsonl", (t.meta() for t in raw))
+
+    put("train/critic.jsonl", make_critic_records(world, cfg.n_critic_per_type, cfg.seed))
+    pretrain = list(pretrain_texts(world, cfg.seed, cfg.pretrain))
+    put("pretrain.jsonl", ({"text": t} for t in pretrain))
+    for name, recs in eval_sets(world, cfg).items():
+        put(f"eval/{name}.jsonl", recs)
+
+    # The tokenizer sees training text only: held-out names stay unseen by every trained part.
+    tok_texts = pretrain + [f"{t.instruction}\n{t.answer}" for t in raw] + list(INSTRUCTIONS.values())
+    train_tokenizer(tok_texts, os.path.join(out_dir, "tokenizer"), cfg.vocab_size)
+
+    files = {}
+    for rel in [*counts, "tokenizer/tokenizer.json", "tokenizer/tokenizer_config.json", "tokenizer/special_tokens_map.json"]:
+        path = os.path.join(out_dir, rel)
+        files[rel] = {"records": counts.get(rel), "bytes": os.path.getsize(path), "sha256": _sha256(path)}
+    manifest = {
+        "world": "selfrag_jax.world", "seed": cfg.seed, "config": asdict(cfg), "refusal": REFUSAL,
+        "splits": {"train_people": len(world.kb.train_people), "heldout_people": len(world.kb.heldout_people),
+                   "name_only": len(world.kb.ghosts), "places": len(world.kb.places), "organisations": len(world.kb.orgs),
+                   "passages": len(world.passages)},
+        "passages": "passages.jsonl", "entities": "entities.jsonl", "tokenizer": "tokenizer",
+        "pretrain": "pretrain.jsonl", "generator": "train/generator.jsonl", "raw": "train/raw.jsonl",
+        "critic": "train/critic.jsonl", "eval": {n: f"eval/{n}.jsonl" for n in
+                                                 ("world_qa", "world_factcheck", "world_mc", "world_longform",
+                                                  "world_unanswerable", "world_noretrieval")},
+        "files": files, "total_bytes": sum(f["bytes"] for f in files.values()),
+    }
+    tmp = os.path.join(out_dir, "manifest.json.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(manifest, f, indent=2)
+        f.write("\n")
+    os.replace(tmp, os.path.join(out_dir, "manifest.json"))
+    return manifest
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m selfrag_jax.world", description="write the bundled Self-RAG world")
+    ap.add_argument("out_dir")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--n-people", type=int, default=2000)
+    args = ap.parse_args(argv)
+    m = build_world(args.out_dir, args.seed, args.n_people)
+    print(json.dumps({"out_dir": args.out_dir, "total_bytes": m["total_bytes"], "splits": m["splits"]}))
+    return 0

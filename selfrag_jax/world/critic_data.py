@@ -1,0 +1,216 @@
+"""Critic training data for the four reflection-token types, labelled from ground truth.
+
+Inputs follow self-rag.md section 4 word for word; the target is the label string (the
+critic writes it as plain text). Each type is balanced: the label is drawn first, in turn,
+then an example with that label is built, so every class has the same count.
+"""
+
+from __future__ import annotations
+
+import random
+
+from ..tokens import (
+    CONTINUE_EVIDENCE, CRITIC_PROMPT, FULLY_SUPPORTED, IRRELEVANT, ISUSE_GROUP, NO_RETRIEVAL, NO_SUPPORT,
+    PARTIALLY_SUPPORTED, RELEVANT, RETRIEVAL, passage_text,
+)
+from .core import World
+from .generator_data import lookalike_passage
+from .kb import Person, article
+from .passages import Passage
+from .tasks import REFUSAL, TaskMaker, claim_text
+
+INSTRUCTIONS = {  # short: every token of them costs a tiny critic compute on every example
+    "retrieve_input": "Would outside evidence help to answer this instruction? Reply [Retrieval] or [No Retrieval].",
+    "retrieve_sentence": (
+        "Does the output sentence need evidence? Reply [Continue to Use Evidence] if the evidence given "
+        "is enough, [Retrieval] if it needs new evidence, [No Retrieval] if it needs none."),
+    "isrel": "Is the evidence about what the instruction asks? Reply [Relevant] or [Irrelevant].",
+    "issup": (
+        "Does the evidence support the output? Reply [Fully supported], [Partially supported] or "
+        "[No support / Contradictory]."),
+    "isuse": "Rate how well the output answers the instruction, true or not, from [Utility:1] (not at all) to [Utility:5] (fully).",
+}
+LABELS = {
+    "retrieve_input": (RETRIEVAL, NO_RETRIEVAL),
+    "retrieve_sentence": (RETRIEVAL, NO_RETRIEVAL, CONTINUE_EVIDENCE),
+    "isrel": (RELEVANT, IRRELEVANT),
+    "issup": (FULLY_SUPPORTED, PARTIALLY_SUPPORTED, NO_SUPPORT),
+    "isuse": ISUSE_GROUP,
+}
+
+
+def _ev(p: Passage | None) -> str:
+    return passage_text(p.title, p.text) if p is not None else ""
+
+
+def retrieve_input(instruction: str) -> str:
+    return f"Task instruction: {instruction}"
+
+
+def retrieve_sentence_input(instruction: str, preceding: str, evidence: str, sentence: str) -> str:
+    return f"Task instruction: {instruction}\nPreceding sentences: {preceding}\nEvidence: {evidence}\nOutput: {sentence}"
+
+
+def isrel_input(instruction: str, evidence: str) -> str:
+    return f"Task instruction: {instruction}\nEvidence: {evidence}"
+
+
+def issup_input(instruction: str, preceding: str, sentence: str, evidence: str) -> str:
+    return f"Task instruction: {instruction}\nPreceding sentences: {preceding}\nOutput: {sentence}\nEvidence: {evidence}"
+
+
+def isuse_input(instruction: str, output: str) -> str:
+    return f"Task instruction: {instruction}\nOutput: {output}"
+
+
+def critic_prompt(record: dict) -> str:
+    """The critic's full prompt for a record (CRITIC_PROMPT of tokens.py)."""
+    return CRITIC_PROMPT.format(instruction=record["instruction"], input=record["input"])
+
+
+class CriticMaker:
+    """Builds one example of a given type and label; training people only."""
+
+    def __init__(self, world: World, rng: random.Random, split: str = "train") -> None:
+        self.world, self.rng = world, rng
+        self.tasks = TaskMaker(world, split, rng, prefix="critic")
+
+    def _person(self, two_passages: bool = False) -> Person:
+        while True:
+            p = self.tasks.person()
+            if p.n_passages == 2 or not two_passages:
+                return p
+
+    def retrieve_input(self, label: str) -> str:
+        t = self.tasks
+        task = t.no_retrieval() if label == NO_RETRIEVAL else \
+            self.rng.choice((t.qa, t.qa, t.pair_qa, t.factcheck, t.mc, t.longform, t.compare, t.unanswerable))()
+        return retrieve_input(task.instruction)
+
+    def retrieve_sentence(self, label: str) -> str:
+        t, r = self.tasks, self.rng
+        if label == NO_RETRIEVAL:
+            if r.random() < 0.5:
+                task = t.no_retrieval()
+                return retrieve_sentence_input(task.instruction, "", "", task.answer)
+            task = t.compare()
+            s = task.sentences
+            return retrieve_sentence_input(task.instruction, f"{s[0].text} {s[1].text}", _ev(self.world.by_id[s[1].passage_id]), s[2].text)
+        # walk a long-form answer, collecting (preceding, held evidence, sentence) with this label
+        while True:
+            task = r.choice((t.longform, t.longform, t.compare))()
+            held, cands = None, []
+            for i, s in enumerate(task.sentences):
+                if s.passage_id is None:
+                    continue
+                lab = CONTINUE_EVIDENCE if s.passage_id == held else RETRIEVAL
+                if lab == label:
+                    prev = " ".join(x.text for x in task.sentences[:i])
+                    cands.append(retrieve_sentence_input(task.instruction, prev, _ev(self.world.by_id.get(held or "")), s.text))
+                held = s.passage_id
+            if label == RETRIEVAL and r.random() < 0.3:  # a short question, nothing retrieved yet
+                task = t.qa()
+                cands = [retrieve_sentence_input(task.instruction, "", "", task.answer)]
+            if cands:
+                return r.choice(cands)
+
+    def isrel(self, label: str) -> str:
+        t, r = self.tasks, self.rng
+        if label == IRRELEVANT and r.random() < 0.15:  # a question about a name-only person
+            ghost = r.choice(t.ghosts)
+            task = t.unanswerable(ghost)
+            shown = next(p for p in self.world.by_entity[ghost.student_id] if ghost.name in p.text)
+            return isrel_input(task.instruction, _ev(shown))
+        task = r.choice((t.qa, t.qa, t.qa, t.pair_qa, t.factcheck, t.mc, t.longform))()
+        person = next(p for p in self.world.kb.people if p.id == task.entity_ids[0])
+        if label == RELEVANT:
+            shown = r.choice(self.world.by_entity[person.id])
+        elif r.random() < 0.1:
+            shown = r.choice(self.world.passages[-len(self.world.kb.places) - len(self.world.kb.orgs):])
+        else:
+            shown = lookalike_passage(self.world, person, r, person.split)
+        return isrel_input(task.instruction, _ev(shown))
+
+    def issup(self, label: str) -> str:
+        t, r, w = self.tasks, self.rng, self.world
+        if label == PARTIALLY_SUPPORTED:
+            p = self._person(two_passages=True)
+            if r.random() < 0.5:
+                task = t.pair_qa(p)
+                return issup_input(task.instruction, "", task.answer, _ev(w.by_id[r.choice(task.gold_passage_ids)]))
+            task = t.longform(p)
+            sentence = r.choice((f"{p.name} was born in {p.birthplace} in {p.birth_year}.",
+                                 f"{p.name} worked as {article(p.occupation)} {p.occupation} for {p.employer}."))
+            return issup_input(task.instruction, "", sentence, _ev(r.choice(w.by_entity[p.id])))
+        if r.random() < 0.6:
+            task = t.qa()
+            p = next(x for x in w.kb.people if x.id == task.entity_ids[0])
+            a = task.attributes[0]
+            if label == FULLY_SUPPORTED:
+                return issup_input(task.instruction, "", task.answer, _ev(w.passage_with(p, a)))
+            case = r.random()
+            if case < 0.35 and w.passage_without(p, a):  # the person's passage that lacks the fact
+                return issup_input(task.instruction, "", task.answer, _ev(w.passage_without(p, a)))
+            if case < 0.7:  # a wrong value against the gold passage: contradicted
+                return issup_input(task.instruction, "", t.wrong_values(p, a, 1)[0], _ev(w.passage_with(p, a)))
+            # a look-alike's passage: about someone else, even when it names the same value
+            return issup_input(task.instruction, "", task.answer, _ev(lookalike_passage(w, p, r, p.split)))
+        task = t.longform()
+        p = next(x for x in w.kb.people if x.id == task.entity_ids[0])
+        i = r.randrange(len(task.sentences))
+        s, prev = task.sentences[i], " ".join(x.text for x in task.sentences[:i])
+        if label == FULLY_SUPPORTED:
+            return issup_input(task.instruction, prev, s.text, _ev(w.by_id[s.passage_id]))
+        if r.random() < 0.5:  # claims with wrong values against the gold passage
+            a = r.choice(("birthplace", "birth_year", "employer", "instrument", "occupation"))
+            wrong = claim_text(p.name, a, t.wrong_values(p, a, 1)[0])
+            return issup_input(task.instruction, prev, wrong, _ev(w.passage_with(p, a)))
+        other = [q for q in w.by_entity[p.id] if q.id != s.passage_id and not set(s.facts) & set(q.facts)]
+        shown = r.choice(other) if other else lookalike_passage(w, p, r, p.split)
+        return issup_input(task.instruction, prev, s.text, _ev(shown))
+
+    def isuse(self, label: str) -> str:
+        t, r, w = self.tasks, self.rng, self.world
+        k = ISUSE_GROUP.index(label) + 1
+        if k == 5:
+            choice = r.random()
+            if choice < 0.4:
+                task = t.qa()
+                p = next(x for x in w.kb.people if x.id == task.entity_ids[0])
+                out = task.answer if r.random() < 0.7 else t.wrong_values(p, task.attributes[0], 1)[0]
+                return isuse_input(task.instruction, out)  # the right kind of answer, true or not
+            task = r.choice((t.longform, t.pair_qa, t.no_retrieval, t.compare))()
+            return isuse_input(task.instruction, task.answer)
+        if k == 4:  # a long answer missing one sentence
+            task = r.choice((t.longform, t.compare))()
+            drop = r.randrange(len(task.sentences))
+            keep = [s.text for j, s in enumerate(task.sentences) if j != drop]
+            return isuse_input(task.instruction, " ".join(keep))
+        if k == 3:  # half an answer
+            if r.random() < 0.5:
+                task = t.pair_qa()
+                return isuse_input(task.instruction, task.answer.split(", ")[r.randrange(2)])
+            task = t.longform()
+            return isuse_input(task.instruction, r.choice(task.sentences).text)
+        if k == 2:  # the right person, the wrong kind of fact
+            task = t.qa()
+            p = next(x for x in w.kb.people if x.id == task.entity_ids[0])
+            other = r.choice([a for a in ("birthplace", "birth_year", "occupation", "employer", "instrument") if a != task.attributes[0]])
+            return isuse_input(task.instruction, p.value(other))
+        task = r.choice((t.qa, t.qa, t.longform, t.no_retrieval))()  # k == 1: no answer at all
+        out = REFUSAL if r.random() < 0.6 or not task.needs_retrieval else t.no_retrieval("copy").answer
+        return isuse_input(task.instruction, out)
+
+
+def make_critic_records(world: World, n_per_type: int, seed: int, split: str = "train") -> list[dict]:
+    """n_per_type balanced examples for each of the five input types."""
+    rng = random.Random(seed * 7919 + 5)
+    maker = CriticMaker(world, rng, split)
+    records = []
+    for kind, labels in LABELS.items():
+        build = getattr(maker, kind)
+        for i in range(n_per_type):
+            label = labels[i % len(labels)]
+            records.append({"instruction": INSTRUCTIONS[kind], "input": build(label), "output": label,
+                            "id": f"critic_{kind}_{i:05d}", "dataset_name": f"critic_{kind}"})
+    return records
