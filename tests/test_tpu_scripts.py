@@ -333,6 +333,19 @@ def test_retry_recreates_after_preemption_and_relaunches(tmp_path):
     assert "recreating gen-qr (1/10)" in proc.stderr
 
 
+def test_retry_prepares_each_new_vm_before_launching(tmp_path):
+    proc = retry(tmp_path, ["ACTIVE", "SUSPENDED", "ACTIVE", "ACTIVE succeeded"],
+                 "--prepare", "gcsfuse my-bucket /mnt/gcs")  # fmt: skip
+    cmds = [shlex.split(line) for line in proc.stdout.splitlines()]
+    kinds = [kind(c) for c in cmds]
+    prepares = [i for i, c in enumerate(cmds) if "gcsfuse" in " ".join(c)]
+    assert len(prepares) == 2
+    for i in prepares:
+        assert_all_workers(cmds[i])
+        assert remote(cmds[i]) == "bash -c 'gcsfuse my-bucket /mnt/gcs'"
+        assert kinds[i - 1] == "versions" and kinds[i + 2] == "launch"  # after install, before launch
+
+
 def test_retry_treats_preempted_and_failed_requests_alike(tmp_path):
     proc = retry(tmp_path, ["ACTIVE", "PREEMPTED", "FAILED", "ACTIVE", "ACTIVE succeeded"])
     deletes = [line for line in proc.stdout.splitlines() if "queued-resources delete" in line]

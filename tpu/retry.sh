@@ -11,6 +11,8 @@
 #          -- selfrag-jax SUBCOMMAND [ARGS...]
 #   --max-retries N      recreations before giving up (default 10)
 #   --poll SECONDS       between state polls (default 60)
+#   --prepare LINE       shell line run on all workers of each new VM before the launch
+#                        (e.g. mounting the bucket that holds data and outputs)
 #   --fake-states FILE   with --dry-run: one "STATE [JOB]" per poll, JOB = running (default),
 #                        succeeded or failed; without it a dry run shows a clean first run
 #   --dry-run            print the gcloud commands instead of running them
@@ -28,6 +30,7 @@ QR=""
 MAX_RETRIES=10
 POLL=60
 FAKE_FILE=""
+PREPARE=""
 while (($#)); do
   case $1 in --*=*) set -- "${1%%=*}" "${1#*=}" "${@:2}" ;; esac
   case $1 in
@@ -41,6 +44,7 @@ while (($#)); do
     --venv | --workdir) need_value "$@"; INSTALL+=("$1=$2"); LAUNCH+=("$1=$2"); shift 2 ;;
     --max-retries) need_value "$@"; MAX_RETRIES=$2; shift 2 ;;
     --poll) need_value "$@"; POLL=$2; shift 2 ;;
+    --prepare) need_value "$@"; PREPARE=$2; shift 2 ;;
     --fake-states) need_value "$@"; FAKE_FILE=$2; shift 2 ;;
     --) shift; break ;;
     *) common_option "$@"; shift "$SHIFT_BY" ;;
@@ -64,6 +68,7 @@ dry=()
 ((DRY_RUN)) && dry=(--dry-run)
 create() { "$TPU_DIR/create.sh" "${location[@]}" --qr="$QR" "${CREATE[@]}" "${dry[@]}"; }
 install() { "$TPU_DIR/install.sh" "${location[@]}" "${INSTALL[@]}" "${dry[@]}"; }
+prepare() { [[ -z $PREPARE ]] || "$TPU_DIR/exec.sh" "${location[@]}" "${dry[@]}" -- bash -c "$PREPARE"; }
 launch() { "$TPU_DIR/launch.sh" "${location[@]}" "${LAUNCH[@]}" "${dry[@]}" -- "${JOB_ARGS[@]}"; }
 
 # Check every argument now, not after hours in the queue.
@@ -123,6 +128,7 @@ while true; do
   case $STATE in
     ACTIVE)
       install
+      prepare
       launch
       launched=1
       pause "$POLL"
