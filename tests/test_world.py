@@ -1,0 +1,240 @@
+"""The bundled world: deterministic, leak-free, well-formed Self-RAG data, balanced critic data,
+and a tokenizer that loads with AutoTokenizer and keeps values identical wherever they stand."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import re
+
+import pytest
+
+from selfrag_jax.tokens import (
+    CONTINUE_EVIDENCE, CRITIC_PROMPT, FULLY_SUPPORTED, IRRELEVANT, ISSUP_GROUP, NO_RETRIEVAL, NO_SUPPORT,
+    PARTIALLY_SUPPORTED, RELEVANT, RETRIEVAL, passage_text,
+)
+from selfrag_jax.world import REFUSAL, WorldConfig, build_world, critic_prompt, make_world, parse_output, read_jsonl
+from selfrag_jax.world.critic_data import LABELS
+from selfrag_jax.world.pretrain import PretrainConfig
+
+SMALL = WorldConfig(seed=3, n_people=400, n_ghosts=80, n_generator=1500, n_raw=400, n_critic_per_type=120,
+                    vocab_size=1500, pretrain=PretrainConfig(n_lookups=400, n_reading=400, n_no_retrieval=100),
+                    n_eval_factcheck=40, n_eval_mc=40, n_eval_longform=20, n_eval_no_retrieval=20)
+RECORD_KEYS = ["instruction", "input", "output", "id", "dataset_name"]
+TRAINING_FILES = ("train/generator.jsonl", "train/generator_meta.jsonl", "train/raw.jsonl", "train/raw_meta.jsonl",
+                  "train/critic.jsonl", "pretrain.jsonl", "tokenizer/tokenizer.json")
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("world"))
+    manifest = build_world(out, config=SMALL)
+    return out, manifest
+
+
+def load(out: str, rel: str) -> list[dict]:
+    return read_jsonl(os.path.join(out, rel))
+
+
+def test_same_seed_gives_byte_identical_files(built, tmp_path):
+    out, manifest = built
+    again = build_world(str(tmp_path), config=SMALL)
+    assert again == manifest
+    for rel in manifest["files"]:
+        with open(os.path.join(out, rel), "rb") as a, open(os.path.join(tmp_path, rel), "rb") as b:
+            assert a.read() == b.read(), rel
+    with open(os.path.join(out, "manifest.json"), "rb") as a, open(os.path.join(tmp_path, "manifest.json"), "rb") as b:
+        assert a.read() == b.read()
+    other = make_world(seed=4, n_people=400, n_ghosts=80)
+    assert other.passages[0].text != make_world(seed=3, n_people=400, n_ghosts=80).passages[0].text
+
+
+def test_manifest_lists_every_file(built):
+    out, manifest = built
+    for rel, info in manifest["files"].items():
+        assert os.path.getsize(os.path.join(out, rel)) == info["bytes"]
+    for rel in [manifest["passages"], manifest["generator"], manifest["critic"], *manifest["eval"].values()]:
+        assert rel in manifest["files"]
+    assert manifest["splits"]["heldout_people"] == 60
+
+
+def test_records_have_the_released_fields(built):
+    out, _ = built
+    for rel in ("train/generator.jsonl", "train/raw.jsonl", "train/critic.jsonl"):
+        for r in load(out, rel):
+            assert list(r) == RECORD_KEYS
+    for r in load(out, "passages.jsonl"):
+        assert list(r) == ["id", "title", "text"]
+    ids = [r["id"] for r in load(out, "train/generator.jsonl")]
+    assert len(ids) == len(set(ids))
+    assert [m["id"] for m in load(out, "train/generator_meta.jsonl")] == ids
+
+
+def test_heldout_people_never_reach_training_files(built):
+    out, _ = built
+    entities = load(out, "entities.jsonl")
+    heldout = [e for e in entities if e["split"] == "heldout"]
+    assert heldout
+    words = set()
+    for e in heldout:
+        words.add(e["name"])
+        if e["type"] == "person":
+            words.add(e["name"].split()[1])  # surnames are unique words in the world
+    pattern = re.compile(r"\b(" + "|".join(map(re.escape, sorted(words))) + r")\b")
+    for rel in TRAINING_FILES:
+        with open(os.path.join(out, rel), encoding="utf-8") as f:
+            hit = pattern.search(f.read())
+        assert hit is None, f"{hit.group(0)} in {rel}"
+    # ...but retrieval can find them: their passages are in the corpus.
+    titles = {p["title"] for p in load(out, "passages.jsonl")}
+    assert all(e["name"] in titles for e in heldout if e["type"] == "person")
+
+
+def test_generator_outputs_parse_and_cover_every_class(built):
+    out, _ = built
+    corpus = {passage_text(p["title"], p["text"]) for p in load(out, "passages.jsonl")}
+    seen = collections.Counter()
+    for r in load(out, "train/generator.jsonl"):
+        parsed = parse_output(r["output"])
+        seen[parsed.utility] += 1
+        for seg in parsed.segments:
+            seen[seg.retrieve] += 1
+            seen[seg.isrel] += 1
+            seen[seg.issup] += 1
+            if seg.passage is not None:
+                assert seg.passage in corpus
+            if seg.isrel == IRRELEVANT:
+                assert seg.issup is None
+    for token in (RETRIEVAL, NO_RETRIEVAL, CONTINUE_EVIDENCE, RELEVANT, IRRELEVANT, *ISSUP_GROUP, "[Utility:5]", "[Utility:1]"):
+        assert seen[token] > 0, token
+    # relevant and look-alike passages are roughly balanced for the [Irrelevant] decision
+    assert 0.3 < seen[IRRELEVANT] / (seen[RELEVANT] + seen[IRRELEVANT]) < 0.6
+
+
+def test_parse_output_rejects_bad_grammar():
+    for bad in ("answer[Utility:5]", f"{RETRIEVAL}answer[Utility:5]", f"{NO_RETRIEVAL}answer",
+                f"{RETRIEVAL}<paragraph>t\nx</paragraph>{RELEVANT}answer[Utility:5]",
+                f"{RETRIEVAL}<paragraph>t\nx</paragraph>{IRRELEVANT}answer{FULLY_SUPPORTED}[Utility:5]"):
+        with pytest.raises(ValueError):
+            parse_output(bad)
+    ok = parse_output(f"{RETRIEVAL}<paragraph>T\nx</paragraph>{RELEVANT}a{FULLY_SUPPORTED}{CONTINUE_EVIDENCE}b[Utility:4]")
+    assert [s.text for s in ok.segments] == ["a", "b"] and ok.utility == "[Utility:4]"
+
+
+def test_oracle_labels_match_the_passages(built):
+    out, _ = built
+    passages = {p["id"]: p for p in load(out, "passages.jsonl")}
+    people = {e["id"]: e for e in load(out, "entities.jsonl")}
+    title_of = {pid: p["title"] for pid, p in passages.items()}
+    for r, m in zip(load(out, "train/generator.jsonl"), load(out, "train/generator_meta.jsonl")):
+        if m["kind"] != "qa":
+            continue
+        value = m["answers"][0]
+        gold = passages[m["gold_passage_ids"][0]]
+        assert value in gold["text"] and gold["title"] == people[m["entity_ids"][0]]["name"]
+        seg = parse_output(r["output"]).segments[0]
+        shown = m["labels"]["passage_ids"][0]
+        if seg.isrel == IRRELEVANT:  # a look-alike: someone else, sharing a first name, occupation or birthplace
+            assert title_of[shown] != gold["title"]
+        elif seg.issup == FULLY_SUPPORTED:
+            assert value in passages[shown]["text"]
+        elif seg.issup == NO_SUPPORT:
+            assert title_of[shown] == gold["title"] and value not in passages[shown]["text"]
+
+
+def test_eval_answers_are_in_gold_passages_and_unanswerables_nowhere(built):
+    out, manifest = built
+    passages = {p["id"]: p for p in load(out, "passages.jsonl")}
+    for r in load(out, manifest["eval"]["world_qa"]):
+        assert {"id", "question", "answers"} <= set(r)
+        assert any(a in passages[g]["text"] for g in r["meta"]["gold_passage_ids"] for a in r["answers"])
+    mc = load(out, manifest["eval"]["world_mc"])
+    for r in mc:
+        assert r["answers"] == [r["answerKey"]] and r["choices"]["label"] == ["A", "B", "C", "D"]
+        value = r["choices"]["text"][r["choices"]["label"].index(r["answerKey"])]
+        assert value in passages[r["meta"]["gold_passage_ids"][0]]["text"]
+    assert {r["answers"][0] for r in load(out, manifest["eval"]["world_factcheck"])} == {"true", "false"}
+    ghosts = {e["name"]: e for e in load(out, "entities.jsonl") if e["type"] == "name_only"}
+    unanswerable = load(out, manifest["eval"]["world_unanswerable"])
+    assert unanswerable and all(r["answerable"] is False for r in unanswerable)
+    for r in unanswerable:
+        name = next(n for n in ghosts if n in r["question"])
+        for p in passages.values():
+            assert p["title"] != name
+            if name in p["text"]:  # only ever named as someone's teacher, nothing about them
+                assert re.findall(r"[^.]*" + re.escape(name) + r"[^.]*\.", p["text"]) == [
+                    f" {p['title'].split()[1]} studied under {name}."]
+
+
+def test_lookalike_distractors_exist():
+    world = make_world(seed=3, n_people=400, n_ghosts=80)
+    for person in world.kb.people:
+        assert world.kb.lookalikes(person, None)["first"], person.name
+    assert sum(p.n_passages == 2 for p in world.kb.people) > 100  # source of no-support / partial cases
+
+
+def test_critic_data_is_balanced_per_type(built):
+    out, _ = built
+    records = load(out, "train/critic.jsonl")
+    by_type = collections.defaultdict(collections.Counter)
+    for r in records:
+        kind = r["dataset_name"].removeprefix("critic_")
+        assert r["output"] in LABELS[kind]
+        assert r["input"].startswith("Task instruction: ")
+        by_type[kind][r["output"]] += 1
+    assert set(by_type) == set(LABELS)
+    for kind, counts in by_type.items():
+        assert set(counts) == set(LABELS[kind]) and len(set(counts.values())) == 1, (kind, counts)
+    r = next(r for r in records if r["dataset_name"] == "critic_issup")
+    assert critic_prompt(r) == CRITIC_PROMPT.format(instruction=r["instruction"], input=r["input"])
+    assert re.fullmatch(r"Task instruction: .*\nPreceding sentences: .*\nOutput: .*\nEvidence: .*", r["input"], re.S)
+    assert any(r["output"] == PARTIALLY_SUPPORTED for r in records)
+
+
+def test_unanswerable_training_examples_refuse(built):
+    out, _ = built
+    rows = [r for r in load(out, "train/generator.jsonl") if r["dataset_name"] == "world_unanswerable"]
+    assert rows and all(r["output"].endswith(f"{IRRELEVANT}{REFUSAL}[Utility:1]") for r in rows)
+
+
+def test_pretrain_text_has_passages_and_lookups(built):
+    out, _ = built
+    texts = [r["text"] for r in load(out, "pretrain.jsonl")]
+    assert any("\nQuestion: " in t for t in texts)  # reading: passage, then a question about it
+    assert any(t.startswith("Question: ") for t in texts)
+
+
+def test_tokenizer_loads_round_trips_and_keeps_values_identical(built):
+    from transformers import AutoTokenizer
+
+    out, _ = built
+    tok = AutoTokenizer.from_pretrained(os.path.join(out, "tokenizer"))
+    assert (tok.bos_token, tok.eos_token, tok.unk_token) == ("<s>", "</s>", "<unk>")
+    assert 1000 < len(tok) <= SMALL.vocab_size
+    assert "[Relevant]" not in tok.get_vocab()
+    samples = [passage_text(p["title"], p["text"]) for p in load(out, "passages.jsonl")[:50]]
+    samples += [r["instruction"] + "\n" + r["output"] for r in load(out, "train/generator.jsonl")[:50]]
+    for s in samples + ["Ünïcödé and émoji 🙂 survive."]:
+        ids = tok(s).input_ids
+        assert ids[0] == tok.bos_token_id and tok.eos_token_id not in ids
+        assert tok.decode(ids, skip_special_tokens=True) == s
+    pieces = tok.convert_ids_to_tokens(tok("born in 1874", add_special_tokens=False).input_ids)
+    assert pieces[-4:] == ["1", "8", "7", "4"]
+    entity = next(e for e in load(out, "entities.jsonl") if e["type"] == "person")
+    passage = load(out, "passages.jsonl")[int(entity["passage_ids"][0][1:])]["text"]
+    for value in (entity["name"].split()[1], entity["birthplace"], entity["occupation"]):
+        alone = tok(value, add_special_tokens=False).input_ids
+        for context in (f"Where was {value}?", f"]{value}", passage):
+            ids = tok(context, add_special_tokens=False).input_ids
+            if value in context:
+                assert any(ids[i:i + len(alone)] == alone for i in range(len(ids))), (value, context)
+
+
+def test_world_package_imports_nothing_heavy():
+    import subprocess
+    import sys
+
+    code = ("import sys, selfrag_jax.world; heavy = [m for m in ('jax', 'tokenizers', 'transformers', 'torch') "
+            "if m in sys.modules]; print(heavy)")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
