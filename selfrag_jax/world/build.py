@@ -36,8 +36,8 @@ class WorldConfig:
     n_ghosts: int = 400
     heldout_fraction: float = 0.15
     n_generator: int = 6000
-    n_raw: int = 3000
-    n_critic_per_type: int = 1200
+    n_raw: int = 2000
+    n_critic_per_type: int = 1000
     vocab_size: int = 3000
     generator: GeneratorConfig = field(default_factory=GeneratorConfig)
     pretrain: PretrainConfig = field(default_factory=PretrainConfig)
