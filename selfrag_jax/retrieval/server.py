@@ -1,0 +1,234 @@
+"""The retrieval HTTP service (aiohttp): `GET /health`, `POST /retrieve`.
+
+Concurrent requests are batched server-side: the first waiting request opens a batch,
+requests arriving within `batch_wait_ms` join it (up to `max_batch` queries), and the batch
+is encoded and searched in one call on a single worker thread, so the encoder runs on full
+batches instead of many single queries. Requests are checked before they are queued:
+a body over `max_body_bytes` gets 413, malformed JSON, wrong types, an empty or too long
+query list, an over-long query or k out of range get 400, all as `{"error": "..."}`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from selfrag_jax.retrieval.retriever import Hit, SupportsRetrieve
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8321
+    max_body_bytes: int = 1 << 20
+    max_queries: int = 256  # per request
+    max_query_chars: int = 4096
+    max_k: int = 100
+    batch_wait_ms: float = 2.0
+    max_batch: int = 128  # queries per batched encode + search
+
+
+class BadRequest(ValueError):
+    pass
+
+
+def parse_request(body: bytes, config: ServerConfig) -> tuple[list[str], int]:
+    """The queries and k of a /retrieve body, or BadRequest naming the field."""
+    try:
+        payload = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise BadRequest(f"malformed JSON: {err}") from None
+    if not isinstance(payload, dict):
+        raise BadRequest('body must be a JSON object {"queries": [...], "k": int}')
+    queries = payload.get("queries")
+    if not isinstance(queries, list) or not all(isinstance(q, str) for q in queries):
+        raise BadRequest("field 'queries' must be a list of strings")
+    if not queries:
+        raise BadRequest("field 'queries' is empty")
+    if len(queries) > config.max_queries:
+        raise BadRequest(f"field 'queries' has {len(queries)} entries, at most {config.max_queries} allowed")
+    for i, query in enumerate(queries):
+        if len(query) > config.max_query_chars:
+            raise BadRequest(f"queries[{i}] has {len(query)} characters, at most {config.max_query_chars} allowed")
+    k = payload.get("k", 5)
+    if not isinstance(k, int) or isinstance(k, bool):
+        raise BadRequest("field 'k' must be an integer")
+    if not 1 <= k <= config.max_k:
+        raise BadRequest(f"field 'k' is {k}, must be between 1 and {config.max_k}")
+    return queries, k
+
+
+@dataclass
+class _Pending:
+    queries: list[str]
+    k: int
+    future: asyncio.Future = field(repr=False)
+
+
+class QueryBatcher:
+    """Groups concurrent requests into one `retrieve` call on one worker thread."""
+
+    def __init__(self, retriever: SupportsRetrieve, config: ServerConfig):
+        self.retriever = retriever
+        self.config = config
+        self._queue: asyncio.Queue[_Pending] | None = None
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="retrieve")
+        self._task: asyncio.Task | None = None
+        self.batches = 0
+        self.queries = 0
+
+    async def start(self) -> None:
+        self._queue = asyncio.Queue()
+        self._task = asyncio.create_task(self._loop())
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+        self._worker.shutdown(wait=False)
+
+    async def submit(self, queries: list[str], k: int) -> list[list[Hit]]:
+        future = asyncio.get_running_loop().create_future()
+        await self._queue.put(_Pending(queries, k, future))
+        return await future
+
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = [await self._queue.get()]
+            size = len(batch[0].queries)
+            deadline = loop.time() + self.config.batch_wait_ms / 1000.0
+            while size < self.config.max_batch:
+                try:
+                    item = self._queue.get_nowait() if loop.time() >= deadline else await asyncio.wait_for(self._queue.get(), deadline - loop.time())
+                except (asyncio.TimeoutError, asyncio.QueueEmpty):
+                    break
+                batch.append(item)
+                size += len(item.queries)
+            await self._run(batch)
+
+    async def _run(self, batch: list[_Pending]) -> None:
+        queries = [q for item in batch for q in item.queries]
+        k = max(item.k for item in batch)
+        try:
+            results = await asyncio.get_running_loop().run_in_executor(self._worker, self.retriever.retrieve, queries, k)
+        except Exception as err:  # noqa: BLE001 - every waiting request must hear about it
+            for item in batch:
+                if not item.future.done():
+                    item.future.set_exception(err)
+            return
+        self.batches += 1
+        self.queries += len(queries)
+        start = 0
+        for item in batch:
+            if not item.future.done():
+                item.future.set_result([hits[: item.k] for hits in results[start : start + len(item.queries)]])
+            start += len(item.queries)
+
+
+def make_app(retriever: SupportsRetrieve, config: ServerConfig = ServerConfig(), passages: int | None = None) -> web.Application:
+    batcher = QueryBatcher(retriever, config)
+    count = passages if passages is not None else int(getattr(retriever, "size", 0))
+
+    @web.middleware
+    async def json_errors(request: web.Request, handler):
+        try:
+            return await handler(request)
+        except web.HTTPException as err:
+            if err.status < 400:
+                raise
+            return web.json_response({"error": err.reason}, status=err.status)
+
+    async def health(request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok", "passages": count})
+
+    async def retrieve(request: web.Request) -> web.Response:
+        if request.content_length is not None and request.content_length > config.max_body_bytes:
+            return _error(413, f"body of {request.content_length} bytes is over the limit of {config.max_body_bytes}")
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return _error(413, f"body is over the limit of {config.max_body_bytes} bytes")
+        try:
+            queries, k = parse_request(body, config)
+        except BadRequest as err:
+            return _error(400, str(err))
+        try:
+            results = await batcher.submit(queries, k)
+        except Exception as err:  # noqa: BLE001
+            return _error(500, f"retrieval failed: {type(err).__name__}: {err}")
+        return web.json_response({"results": results})
+
+    async def on_startup(app: web.Application) -> None:
+        await batcher.start()
+
+    async def on_cleanup(app: web.Application) -> None:
+        await batcher.stop()
+
+    app = web.Application(client_max_size=config.max_body_bytes, middlewares=[json_errors])
+    app["batcher"] = batcher
+    app.router.add_get("/health", health)
+    app.router.add_post("/retrieve", retrieve)
+    app.on_startup.append(on_startup)
+    app.on_cleanup.append(on_cleanup)
+    return app
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message}, status=status)
+
+
+async def _start(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    return runner, runner.addresses[0][1]
+
+
+def serve(retriever: SupportsRetrieve, config: ServerConfig = ServerConfig(), log=print) -> None:
+    """Serves until SIGINT/SIGTERM (the CLI's `serve-retrieval`)."""
+
+    async def main() -> None:
+        runner, port = await _start(make_app(retriever, config), config.host, config.port)
+        log(f"serving {getattr(retriever, 'size', '?')} passages on http://{config.host}:{port} (POST /retrieve, GET /health)")
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        await runner.cleanup()
+
+    asyncio.run(main())
+
+
+class BackgroundServer:
+    """The service on a thread of this process (tests, demos): `with BackgroundServer(r) as s: s.url`."""
+
+    def __init__(self, retriever: SupportsRetrieve, config: ServerConfig = ServerConfig(port=0)):
+        self.retriever = retriever
+        self.config = config
+        self.url = ""
+        self.app: web.Application | None = None
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="retrieval-server", daemon=True)
+        self._runner: web.AppRunner | None = None
+
+    def __enter__(self) -> "BackgroundServer":
+        self._thread.start()
+        self.app = make_app(self.retriever, self.config)
+        future = asyncio.run_coroutine_threadsafe(_start(self.app, self.config.host, self.config.port), self._loop)
+        self._runner, port = future.result(timeout=30)
+        self.url = f"http://{self.config.host}:{port}"
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(timeout=30)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
