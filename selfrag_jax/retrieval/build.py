@@ -84,7 +84,9 @@ def build_index_folder(config: BuildConfig, encoder: TextEncoder | None = None, 
         store = PassageStore(work)
         encoder = encoder or TextEncoder(spec, config.encoder_run)
         shards = work / "embeddings"
-        embed_store(store, encoder, shards, config.embed)
+        written = embed_store(store, encoder, shards, config.embed)
+        total_shards = -(-len(store) // config.embed.shard_size)
+        log(f"embedding: {len(written)} shards written by process {process}, {total_shards} in all")
         if process != 0:
             log(f"process {process}: embedding shards done; process 0 builds the index")
             return None
