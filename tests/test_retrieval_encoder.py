@@ -71,7 +71,7 @@ def test_minilm_matches_pytorch_bertmodel(capsys):
         print(f"\nMiniLM parity on {len(texts)} texts: min cosine {cosine.min():.7f}, mean {cosine.mean():.7f}")
     assert cosine.min() >= 0.9999, f"worst text {texts[int(cosine.argmin())]!r}: cosine {cosine.min()}"
     # few compiled programs: length buckets x power-of-two batch sizes
-    assert len(encoder.compiled_shapes) <= 8, encoder.compiled_shapes
+    assert len(encoder.compiled_shapes) <= 10, encoder.compiled_shapes
 
 
 def test_bare_bert_folder_means_mean_pooling_without_normalisation(tmp_path):

@@ -27,7 +27,7 @@ import numpy as np
 
 POOLING_MODES = ("mean", "cls", "max", "mean_sqrt_len")
 DEFAULT_ENCODER = "all-MiniLM-L6-v2"
-DEFAULT_BUCKETS = (32, 64, 96, 128, 192, 256, 384, 512)
+DEFAULT_BUCKETS = (16, 32, 64, 96, 128, 192, 256, 384, 512)  # queries are short: 16
 
 
 # --------------------------------------------------------------------------- configs

@@ -132,6 +132,9 @@ class QueryBatcher:
             start += len(item.queries)
 
 
+BATCHER = web.AppKey("batcher", QueryBatcher)
+
+
 def make_app(retriever: SupportsRetrieve, config: ServerConfig = ServerConfig(), passages: int | None = None) -> web.Application:
     batcher = QueryBatcher(retriever, config)
     count = passages if passages is not None else int(getattr(retriever, "size", 0))
@@ -172,7 +175,7 @@ def make_app(retriever: SupportsRetrieve, config: ServerConfig = ServerConfig(),
         await batcher.stop()
 
     app = web.Application(client_max_size=config.max_body_bytes, middlewares=[json_errors])
-    app["batcher"] = batcher
+    app[BATCHER] = batcher
     app.router.add_get("/health", health)
     app.router.add_post("/retrieve", retrieve)
     app.on_startup.append(on_startup)
