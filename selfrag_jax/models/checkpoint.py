@@ -89,11 +89,12 @@ def resolve_model_dir(path: str | os.PathLike) -> Path:
 
 
 def load_model(path: str | os.PathLike, scan_layers: bool | None = None, shardings: Any = None,
-               **config_overrides):
+               add_control_tokens: bool = True, **config_overrides):
     """(config, params, tokenizer, hf_meta) from a checkpoint of ours or a HF Llama folder.
 
-    The tokenizer gains the reflection tokens if it lacks them; the embedding grows to match
-    (new rows at the mean of the old ones)."""
+    With `add_control_tokens` the tokenizer gains the reflection tokens if it lacks them and
+    the embedding grows to match (new rows at the mean of the old ones); conversion turns
+    it off to stay lossless."""
     from selfrag_jax.models.hf import is_hf_folder, load_hf
     from selfrag_jax.models.params import resize_vocab
     from selfrag_jax.tokenizer import SelfRAGTokenizer
@@ -102,7 +103,8 @@ def load_model(path: str | os.PathLike, scan_layers: bool | None = None, shardin
     if is_hf_folder(path):
         config, params, meta = load_hf(path, **({} if scan_layers is None else {"scan_layers": scan_layers}),
                                        **config_overrides)
-        tokenizer = SelfRAGTokenizer.from_pretrained(path) if _has_tokenizer(path) else None
+        tokenizer = (SelfRAGTokenizer.from_pretrained(path)
+                     if add_control_tokens and _has_tokenizer(path) else None)
         if tokenizer is not None and len(tokenizer) > config.vocab_size:
             params, config = resize_vocab(params, config, len(tokenizer))
         if shardings is not None:
@@ -114,7 +116,8 @@ def load_model(path: str | os.PathLike, scan_layers: bool | None = None, shardin
     if scan_layers is not None:
         overrides["scan_layers"] = scan_layers
     config = config.replace(**overrides)
-    tokenizer = SelfRAGTokenizer.from_pretrained(folder / "tokenizer") if (folder / "tokenizer").exists() else None
+    tokenizer = (SelfRAGTokenizer.from_pretrained(folder / "tokenizer")
+                 if add_control_tokens and (folder / "tokenizer").exists() else None)
     if tokenizer is not None and len(tokenizer) > config.vocab_size:
         params, config = resize_vocab(restore_params(folder / "params", config), config, len(tokenizer))
         params = jax.device_put(params, shardings) if shardings is not None else params

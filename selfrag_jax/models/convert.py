@@ -34,7 +34,7 @@ def ckpt_to_hf(ckpt: str, out: str, max_shard_bytes: int = 5 * 2**30) -> Path:
     from selfrag_jax.models.checkpoint import load_model, resolve_model_dir
     from selfrag_jax.models.hf import export_hf
 
-    config, params, _, meta = load_model(ckpt)
+    config, params, _, meta = load_model(ckpt, add_control_tokens=False)
     folder = resolve_model_dir(ckpt)
     tok_dir = folder / "tokenizer" if (folder / "tokenizer").exists() else None
     export_hf(params, config, out, meta=meta, tokenizer_dir=tok_dir, max_shard_bytes=max_shard_bytes)

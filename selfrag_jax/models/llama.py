@@ -305,3 +305,13 @@ def init_params(config: LlamaConfig, rng: jax.Array | int = 0, shardings: Any = 
 
 def param_logical_specs(config: LlamaConfig):
     return abstract_params(config)[1]
+
+
+def param_shardings(config: LlamaConfig, mesh, rules=None):
+    """NamedShardings for every parameter, after checking that each dimension divides."""
+    from selfrag_jax import sharding
+
+    rules = sharding.DEFAULT_RULES if rules is None else rules
+    abstract, logical = abstract_params(config)
+    sharding.check_tree_divisible(abstract, logical, mesh, rules)
+    return sharding.tree_shardings(mesh, logical, rules)
