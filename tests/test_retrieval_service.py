@@ -74,6 +74,7 @@ def test_eight_concurrent_clients(retriever, capsys):
     latencies: list[float] = []
     errors: list[BaseException] = []
     lock = threading.Lock()
+    retriever.warmup(max_batch=8)  # as `serve-retrieval` does before listening
     with BackgroundServer(retriever) as server:
         client = RetrieverClient(server.url)  # one kept-alive connection per thread
 

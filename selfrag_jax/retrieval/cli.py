@@ -143,7 +143,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         max_batch=args.max_batch,
     )
     retriever = Retriever.from_dir(args.index)
-    retriever.retrieve(["warm-up"], 1)  # compile the small-batch encoder before the first request
+    retriever.warmup(max_batch=min(16, config.max_batch))  # compile before the first request
     try:
         serve(retriever, config, log=lambda msg: print(msg, flush=True))
     except OSError as err:

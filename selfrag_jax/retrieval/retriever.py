@@ -70,6 +70,15 @@ class Retriever:
             return []
         return self.search_vectors(self.encoder.encode(list(queries)), k)
 
+    def warmup(self, max_batch: int = 16) -> None:
+        """Compiles the encoder for short-query batches of 1, 2, 4 .. max_batch rows, so the
+        first requests of a service do not pay for compilation."""
+        rows = 1
+        while rows <= max_batch:
+            for text in ("warm up", "a somewhat longer warm-up query that needs the next length bucket up"):
+                self.retrieve([text] * rows, 1)
+            rows *= 2
+
     def search_vectors(self, vectors: np.ndarray, k: int) -> list[list[Hit]]:
         scores, rows = self.index.search(vectors, k)
         out = []
