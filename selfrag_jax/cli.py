@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "index build": ("selfrag_jax.retrieval.cli", "embed passages and build a persistent ScaNN (or exact) index"),
     "index search": ("selfrag_jax.retrieval.cli", "top-k passages of an index for one query"),
     "serve-retrieval": ("selfrag_jax.retrieval.cli", "HTTP retrieval service over an index folder"),
+    "data preview": ("selfrag_jax.data.preview", "show how examples are tokenized and which tokens carry loss"),
 }
 
 

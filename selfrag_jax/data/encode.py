@@ -96,13 +96,16 @@ def passage_content(tokens: np.ndarray, ids: SpecialIds, masking: str) -> np.nda
     is_open, is_close = tokens == ids.open, tokens == ids.close
     n = len(tokens)
     if masking == "released":
-        opens = np.flatnonzero(is_open)
+        # One span: first <paragraph>+1 .. last </paragraph>-1. If a <paragraph> is still open
+        # at the end (its </paragraph> cut off), the sequence's last </paragraph> lies beyond
+        # the end: the span runs to the end.
+        opens, closes = np.flatnonzero(is_open), np.flatnonzero(is_close)
         out = np.zeros(n, bool)
         if len(opens):
-            closes = np.flatnonzero(is_close[opens[0]:]) + opens[0]
-            end = closes[-1] if len(closes) else n
+            closes = closes[closes > opens[0]]
+            end = n if not len(closes) or opens[-1] > closes[-1] else closes[-1]
             out[opens[0] + 1:end] = True
-        return out
+        return out  # markers inside the span are masked too, as in the reference
     marker = is_open | is_close
     last = np.maximum.accumulate(np.where(marker, np.arange(n), -1)) if n else np.zeros(0, int)
     return (last >= 0) & is_open[np.maximum(last, 0)] & ~marker

@@ -1,0 +1,123 @@
+"""`selfrag-jax data preview`: which tokens of an example carry loss.
+
+Reads the first N records of a JSON-lines file, encodes them exactly as training does
+(encode.encode_record) and prints them with the trained tokens highlighted (ANSI colour on
+a terminal, `[[...]]` otherwise), or as JSON lines `{"tokens", "ids", "loss_weights"}`.
+Without --tokenizer, the bundled world's tokenizer is built once into a cache folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from selfrag_jax.cli import CLIError
+
+from .encode import MaskConfig, encode_record
+from .records import iter_records
+
+GREEN, YELLOW, RESET = "\x1b[1;32m", "\x1b[33m", "\x1b[0m"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("SELFRAG_JAX_CACHE") or os.path.expanduser("~/.cache/selfrag_jax"))
+
+
+def world_tokenizer_dir() -> Path:
+    """The bundled world's tokenizer folder, building the world into the cache if needed."""
+    world = cache_dir() / "world-seed0"
+    tok_dir = world / "tokenizer"
+    if (world / "manifest.json").exists() and (tok_dir / "tokenizer.json").exists():
+        return tok_dir
+    try:
+        from selfrag_jax.utils import atomic_dir
+        from selfrag_jax.world import build_world
+
+        with atomic_dir(world) as tmp:
+            build_world(str(tmp), seed=0)
+    except Exception as err:  # noqa: BLE001 - any failure becomes the one-line message below
+        raise CLIError(f"no --tokenizer given and the bundled world's tokenizer could not be built in {world}: {err}") from None
+    return tok_dir
+
+
+def load_tokenizer(path: str | None):
+    from selfrag_jax.tokenizer import SelfRAGTokenizer
+
+    folder = Path(path) if path else world_tokenizer_dir()
+    try:
+        return SelfRAGTokenizer.from_pretrained(folder)
+    except (OSError, ValueError) as err:
+        raise CLIError(f"cannot load tokenizer from {folder}: {err}") from None
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--input", required=True, help="JSON-lines file (generator or critic layout)")
+    parser.add_argument("--task", choices=("generator", "critic"), default="generator")
+    parser.add_argument("--masking", choices=("paper", "released"), default="paper",
+                        help="paper: mask each passage's content; released: first <paragraph> to last </paragraph>")
+    parser.add_argument("--prompt-off-by-one", action="store_true", help="keep the last prompt token in the loss (reference quirk)")
+    parser.add_argument("--passage-loss-weight", type=float, default=0.0, help="weight of passage content (paper: 0)")
+    parser.add_argument("--critic-labels", choices=("text", "tokens"), default="text")
+    parser.add_argument("--max-tokens", type=int, default=2049, help="truncate examples to this many tokens")
+    parser.add_argument("--tokenizer", default=None, help="tokenizer folder (default: the bundled world's)")
+    parser.add_argument("-n", type=int, default=3, help="number of examples")
+    parser.add_argument("--json", action="store_true", help="JSON lines: tokens, ids, loss_weights per example")
+
+
+def _weight(w: float) -> float | int:
+    return int(w) if float(w).is_integer() else round(float(w), 6)
+
+
+def _show(tok, ex, colour: bool) -> str:
+    out, run_open = [], False
+    for t, w in zip(ex.tokens.tolist(), ex.weights.tolist()):
+        piece = tok.decode([t], skip_control=False)
+        if colour:
+            out.append(f"{GREEN if w >= 1 else YELLOW}{piece}{RESET}" if w > 0 else piece)
+            continue
+        if w > 0 and not run_open:
+            out.append("[[")
+        elif w == 0 and run_open:
+            out.append("]]")
+        run_open = w > 0
+        out.append(piece)
+    if run_open and not colour:
+        out.append("]]")
+    return "".join(out)
+
+
+def run(args) -> int:
+    if args.n < 1:
+        raise CLIError("-n must be at least 1")
+    if args.max_tokens < 2:
+        raise CLIError("--max-tokens must be at least 2")
+    try:
+        mask = MaskConfig(args.masking, args.prompt_off_by_one, args.passage_loss_weight, args.critic_labels)
+    except ValueError as err:
+        raise CLIError(str(err)) from None
+    tok = load_tokenizer(args.tokenizer)
+    colour = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+    legend = "trained tokens in green (passage content at reduced weight in yellow)" if colour else \
+        "trained tokens shown [[like this]]"
+    shown = 0
+    for line, rec in iter_records(args.input, args.task):
+        ex = encode_record(rec, args.task, tok, mask, args.max_tokens)
+        if shown == 0 and not args.json:
+            print(f"# {args.input} as {args.task} data, masking={args.masking}; {legend}")
+        if args.json:
+            print(json.dumps({"line": line, "id": rec["id"], "truncated": ex.truncated,
+                              "tokens": [tok.id_to_token(t) for t in ex.tokens.tolist()], "ids": ex.tokens.tolist(),
+                              "loss_weights": [_weight(w) for w in ex.weights.tolist()]}, ensure_ascii=False))
+        else:
+            trained = int((ex.weights > 0).sum())
+            print(f"\n# line {line} id={rec['id']!r} type={rec['type']!r}: {len(ex.tokens)} tokens, {trained} trained"
+                  + (" (truncated)" if ex.truncated else "") + ("" if ex.has_loss else " -- no loss, dropped in training"))
+            print(_show(tok, ex, colour))
+        shown += 1
+        if shown >= args.n:
+            break
+    if shown == 0:
+        raise CLIError(f"{args.input}: no records")
+    return 0
