@@ -153,8 +153,7 @@ def test_critic_example(tok):
          "id": "c", "type": "isrel"}
     prompt = T.CRITIC_PROMPT.format(instruction=r["instruction"], input=r["input"])
     assert prompt.endswith("### Response:")
-    check(encode_record(r, "critic", tok, MaskConfig()), *expected(tok, prompt, [("[", 1), ("Relevant]", 1)])
-          if False else expected_text_label(tok, prompt, "[Relevant]"))
+    check(encode_record(r, "critic", tok, MaskConfig()), *expected_text_label(tok, prompt, "[Relevant]"))
     check(encode_record(r, "critic", tok, MaskConfig(critic_labels="tokens")),
           *expected(tok, prompt, [("[Relevant]", 1)]))
 
@@ -218,7 +217,7 @@ def test_packing_keeps_masks_and_boundaries(world):
         assert b["loss_weights"].dtype == np.float32 and all(b[k].dtype == np.int32 for k in BATCH_KEYS if k != "loss_weights")
         for r in range(4):
             seg = b["segment_ids"][r]
-            assert (seg[seg > 0] == np.sort(seg[seg > 0])).all() and (seg[np.argmax(seg == 0):] == 0).all() if (seg == 0).any() else True
+            assert (np.diff(seg[seg > 0]) >= 0).all() and (np.diff((seg == 0).astype(int)) >= 0).all()  # padding last
             for s in range(1, seg.max() + 1):
                 at = np.flatnonzero(seg == s)
                 assert (np.diff(at) == 1).all()
@@ -313,7 +312,6 @@ def test_resume_in_new_process(world, tmp_path):
     it = batches(cfg_for(world), wtok)
     take(it, 12)
     state = it.state()
-    assert state["carry"] is not None or True
     (tmp_path / "pos.json").write_text(json.dumps(state))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     subprocess.run([sys.executable, "-c", RESUME, str(world / "small"), str(tmp_path / "pos.json"),

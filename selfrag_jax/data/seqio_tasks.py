@@ -70,8 +70,11 @@ class SelfRAGVocabulary(seqio.Vocabulary):
         return self.tokenizer.decode([int(i) for i in ids], skip_control=not self.structured)
 
     def _encode_tf(self, s: tf.Tensor) -> tf.Tensor:
-        out = tf.numpy_function(lambda b: np.asarray(self._encode(b.decode("utf-8")), np.int32), [s], tf.int32,
-                                stateful=False)
+        def enc(b):  # bytes in a graph, a 0-d object array when eager
+            b = b.item() if isinstance(b, np.ndarray) else b
+            return np.asarray(self._encode(b.decode("utf-8")), np.int32)
+
+        out = tf.numpy_function(enc, [s], tf.int32, stateful=False)
         return tf.ensure_shape(out, [None])
 
     def _decode_tf(self, ids: tf.Tensor) -> tf.Tensor:
@@ -137,6 +140,7 @@ def prepare_jsonl(path: str, kind: str, data_dir: str | None = None) -> SelfragJ
         raise FileNotFoundError(f"{path}: no such file")
     config = SelfragJsonlConfig(path=path, kind=kind, digest=_file_digest(path))
     builder = SelfragJsonl(config=config, data_dir=data_dir or default_data_dir())
+    tfds.disable_progress_bar()
     builder.download_and_prepare(download_config=tfds.download.DownloadConfig(try_download_gcs=False))
     return builder
 
@@ -228,7 +232,9 @@ def register_tasks(cfg: DataConfig, tokenizer, data_dir: str | None = None, mixt
             preprocessors=[_texts_fn(spec.kind), _tokenize_fn(text_vocab, target_vocab),
                            _mask_fn(spec.kind, ids, cfg.mask)],
             output_features={
-                "targets": seqio.Feature(vocabulary=target_vocab, add_eos=False, dtype=tf.int32),  # EOS added by _mask_fn
+                # One vocabulary for every task (a seqio Mixture requires it); the critic's plain-
+                # text labels are encoded by _tokenize_fn. EOS is added by _mask_fn.
+                "targets": seqio.Feature(vocabulary=structured_vocab, add_eos=False, dtype=tf.int32),
                 "loss_weights": seqio.Feature(vocabulary=seqio.PassThroughVocabulary(len(tokenizer)), add_eos=False,
                                               dtype=tf.float32),
             },
