@@ -16,10 +16,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("selfrag_jax.demo", "run Self-RAG end to end on the bundled world"),
     "convert hf-to-ckpt": ("selfrag_jax.models.convert", "Hugging Face Llama folder -> selfrag-jax checkpoint"),
     "convert ckpt-to-hf": ("selfrag_jax.models.convert", "selfrag-jax checkpoint -> Hugging Face Llama folder"),
+    "train": ("selfrag_jax.training.main", "train the critic or the generator from a YAML config"),
     "index build": ("selfrag_jax.retrieval.cli", "embed passages and build a persistent ScaNN (or exact) index"),
     "index search": ("selfrag_jax.retrieval.cli", "top-k passages of an index for one query"),
     "serve-retrieval": ("selfrag_jax.retrieval.cli", "HTTP retrieval service over an index folder"),
     "data preview": ("selfrag_jax.data.preview", "show how examples are tokenized and which tokens carry loss"),
+    "generate": ("selfrag_jax.inference.cli", "Self-RAG inference (short or long form) over a JSON-lines file"),
 }
 
 

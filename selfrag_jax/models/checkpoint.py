@@ -73,19 +73,41 @@ def save_model(out_dir: str | os.PathLike, params: Any, config: LlamaConfig, tok
     return Path(out_dir)
 
 
+def is_complete_step(step_dir: Path) -> bool:
+    """A training step folder that Orbax finished writing (every item committed)."""
+    return (step_dir.name.isdigit() and (step_dir / "_CHECKPOINT_METADATA").exists()
+            and all((step_dir / item / "commit_success.txt").exists() for item in ("params", "meta")))
+
+
+def complete_steps(checkpoints_dir: Path) -> list[int]:
+    if not checkpoints_dir.is_dir():
+        return []
+    return sorted(int(p.name) for p in checkpoints_dir.iterdir() if is_complete_step(p))
+
+
 def resolve_model_dir(path: str | os.PathLike) -> Path:
     """A model folder, a training step folder, or a run folder (its latest complete step)."""
     path = Path(path)
-    if (path / "model_config.json").exists():
+    if (path / "model_config.json").exists() and (path / "params").exists() or is_complete_step(path):
         return path
-    steps = path / "checkpoints"
-    if steps.is_dir():
-        done = sorted((p for p in steps.iterdir() if p.name.isdigit() and (p / "model_config.json").exists()),
-                      key=lambda p: int(p.name))
-        if done:
-            return done[-1]
+    steps = complete_steps(path / "checkpoints")
+    if steps:
+        return path / "checkpoints" / str(steps[-1])
     raise FileNotFoundError(f"{path}: not a selfrag-jax model checkpoint or Hugging Face Llama folder "
                             "(no model_config.json or config.json + safetensors)")
+
+
+def _read_step_meta(folder: Path) -> tuple[LlamaConfig, Path | None]:
+    """Model config and a folder with the tokenizer files of a training step folder."""
+    import tempfile
+
+    meta = json.loads((folder / "meta" / "metadata").read_text())
+    tok_dir = None
+    if meta.get("tokenizer"):
+        tok_dir = Path(tempfile.mkdtemp(prefix="selfrag-tok-"))
+        for name, content in meta["tokenizer"].items():
+            (tok_dir / name).write_text(json.dumps(content))
+    return LlamaConfig.from_dict(meta["model_config"], where=str(folder / "meta")), tok_dir
 
 
 def load_model(path: str | os.PathLike, scan_layers: bool | None = None, shardings: Any = None,
@@ -111,13 +133,20 @@ def load_model(path: str | os.PathLike, scan_layers: bool | None = None, shardin
             params = jax.device_put(params, shardings)
         return config, params, tokenizer, meta
     folder = resolve_model_dir(path)
-    config = LlamaConfig.load(folder / "model_config.json")
+    if is_complete_step(folder):
+        config, tok_dir = _read_step_meta(folder)
+    else:
+        config, tok_dir = LlamaConfig.load(folder / "model_config.json"), folder / "tokenizer"
     overrides = dict(config_overrides)
     if scan_layers is not None:
         overrides["scan_layers"] = scan_layers
     config = config.replace(**overrides)
-    tokenizer = (SelfRAGTokenizer.from_pretrained(folder / "tokenizer")
-                 if add_control_tokens and (folder / "tokenizer").exists() else None)
+    tokenizer = (SelfRAGTokenizer.from_pretrained(tok_dir)
+                 if add_control_tokens and tok_dir is not None and tok_dir.exists() else None)
+    if is_complete_step(folder) and tok_dir is not None:
+        import shutil
+
+        shutil.rmtree(tok_dir, ignore_errors=True)
     if tokenizer is not None and len(tokenizer) > config.vocab_size:
         params, config = resize_vocab(restore_params(folder / "params", config), config, len(tokenizer))
         params = jax.device_put(params, shardings) if shardings is not None else params

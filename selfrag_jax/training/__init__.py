@@ -1,0 +1,1 @@
+"""Training of the Self-RAG critic and generator (and the small base models of the demo)."""

@@ -1,0 +1,165 @@
+"""The trainer: sharded runs equal single-device runs, exact resume after kill -9, NaN stops."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from selfrag_jax import sharding
+from selfrag_jax.models.config import preset
+from selfrag_jax.training.config import load_config
+from selfrag_jax.training.synthetic import SyntheticData
+from selfrag_jax.training.trainer import NonFiniteLoss, Trainer
+
+MODEL = preset("tiny", vocab_size=128, hidden_size=32, intermediate_size=64, num_heads=4, num_kv_heads=2)
+BASE = ["data.seq_len=32", "global_batch_size=8", "optim.learning_rate=3e-3", "optim.warmup_ratio=0.0",
+        "log_every=1", "checkpoint.every=100", "checkpoint.async_save=false", "peak_flops_per_device=1e9"]
+
+
+def run_steps(tmp_path, name, mesh_spec, steps=3, extra=()):
+    cfg = load_config(None, [f"run_dir={tmp_path / name}", *BASE, *extra])
+    devices = jax.devices()[: int(np.prod([int(x) for x in mesh_spec.split(",")]))]
+    trainer = Trainer(cfg, MODEL, mesh=sharding.make_mesh(mesh_spec, devices))
+    data = SyntheticData(MODEL.vocab_size, cfg.data.seq_len, cfg.global_batch_size)
+    trainer.fit(data, steps)
+    losses = [json.loads(line)["loss"] for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+    return losses, jax.tree.map(np.asarray, trainer.state.params)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    return run_steps(tmp_path_factory.mktemp("ref"), "single", "1,1,1")
+
+
+@pytest.mark.parametrize("mesh_spec", ["8,1,1", "2,4,1", "2,2,2"])
+def test_sharded_training_equals_single_device(tmp_path, reference, mesh_spec):
+    losses, params = run_steps(tmp_path, "sharded", mesh_spec)
+    ref_losses, ref_params = reference
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(ref_params)):
+        np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-4)  # Adam turns float32 reduction-order noise into ~1e-5
+
+
+def test_gradient_accumulation_equals_one_big_batch(tmp_path, reference):
+    acc, params = run_steps(tmp_path, "acc", "1,1,1", extra=["micro_batch_size=2"])
+    np.testing.assert_allclose(acc, reference[0], rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(reference[1])):
+        np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-4)
+    one, _ = run_steps(tmp_path, "tok", "1,1,1", steps=1, extra=["loss_averaging=per_token"])
+    acc, _ = run_steps(tmp_path, "tok-acc", "1,1,1", steps=1, extra=["loss_averaging=per_token", "micro_batch_size=4"])
+    np.testing.assert_allclose(acc, one, rtol=1e-5)
+    assert abs(one[0] - reference[0][0]) > 1e-4  # per-token averaging is a different loss
+
+
+def test_loss_falls_on_repeated_data(tmp_path):
+    class Repeat(SyntheticData):
+        def batch(self, index):
+            return super().batch(0)
+
+    cfg = load_config(None, [f"run_dir={tmp_path}", *BASE, "optim.schedule=constant", "optim.learning_rate=1e-2"])
+    trainer = Trainer(cfg, MODEL, mesh=sharding.make_mesh("1,1,1", jax.devices()[:1]))
+    trainer.fit(Repeat(MODEL.vocab_size, 32, 8), 40)
+    losses = [json.loads(line)["loss"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert losses[-1] < 0.5 * losses[0]
+
+
+def test_nan_loss_stops_naming_the_step_and_keeps_the_checkpoint(tmp_path):
+    class Poisoned(SyntheticData):
+        def batch(self, index):
+            b = super().batch(index)
+            if index == 4:
+                b["loss_weights"] = b["loss_weights"] * np.nan
+            return b
+
+    cfg = load_config(None, [f"run_dir={tmp_path}", *BASE, "checkpoint.every=2", "log_every=3"])
+    trainer = Trainer(cfg, MODEL, mesh=sharding.make_mesh("1,1,1", jax.devices()[:1]))
+    with pytest.raises(NonFiniteLoss, match=r"at step 5; stopped\. The last good checkpoint is step 4"):
+        trainer.fit(Poisoned(MODEL.vocab_size, 32, 8), 10)
+    from selfrag_jax.models.checkpoint import complete_steps, load_model
+
+    assert complete_steps(tmp_path / "checkpoints") == [2, 4]
+    _, params, _, _ = load_model(tmp_path)
+    assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(params))
+
+
+def _train_cmd(run_dir: Path, steps: int) -> list[str]:
+    return [sys.executable, "-m", "selfrag_jax", "train", "/dev/null", f"run_dir={run_dir}", "data.task=synthetic",
+            f"num_steps={steps}", "checkpoint.every=2", "model.overrides={vocab_size: 128}", "mesh=2,2,2", *BASE[:4],
+            "log_every=1", "peak_flops_per_device=1e9"]
+
+
+def _losses_by_step(run_dir: Path) -> dict[int, float]:
+    out = {}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        out[rec["step"]] = rec["loss"]  # a resumed run's record replaces the killed run's
+    return out
+
+
+@pytest.mark.slow
+def test_kill_9_then_resume_gives_the_uninterrupted_losses(tmp_path):
+    env = {**os.environ, "SELFRAG_NO_PROGRESS": "1"}
+    steps = 10
+    subprocess.run(_train_cmd(tmp_path / "full", steps), check=True, env=env, capture_output=True)
+    full = _losses_by_step(tmp_path / "full")
+
+    run = tmp_path / "killed"
+    proc = subprocess.Popen(_train_cmd(run, steps), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while not (run / "checkpoints" / "4" / "_CHECKPOINT_METADATA").exists() and time.time() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    # A half-written step (what a crash mid-save leaves) must never be taken as valid.
+    (run / "checkpoints" / "8").mkdir(parents=True, exist_ok=True)
+    (run / "checkpoints" / "8" / "params").mkdir(exist_ok=True)
+    result = subprocess.run(_train_cmd(run, steps), env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    resumed = _losses_by_step(run)
+    for step in range(5, steps + 1):
+        assert resumed[step] == pytest.approx(full[step], rel=1e-6), step
+
+
+@pytest.mark.slow
+def test_sigterm_saves_and_exits_cleanly(tmp_path):
+    env = {**os.environ, "SELFRAG_NO_PROGRESS": "1"}
+    run = tmp_path / "run"
+    cmd = _train_cmd(run, 100000)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while not (run / "checkpoints" / "2" / "_CHECKPOINT_METADATA").exists() and time.time() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-2000:]
+    from selfrag_jax.models.checkpoint import complete_steps
+
+    last = complete_steps(run / "checkpoints")[-1]
+    assert last > 2 and "SIGTERM: saved step" in out + err
+    assert max(_losses_by_step(run)) == last
+
+
+def test_config_errors_name_the_key(tmp_path):
+    with pytest.raises(ValueError, match="unknown key 'learning_rate'"):
+        load_config(None, ["learning_rate=1"])
+    with pytest.raises(ValueError, match=r"config\.optim: unknown key 'lr'"):
+        load_config(None, ["optim.lr=1"])
+    with pytest.raises(ValueError, match=r"config\.global_batch_size: expected int"):
+        load_config(None, ["global_batch_size=many"])
+    assert load_config(None, ["optim.learning_rate=1e-5"]).optim.learning_rate == 1e-5
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("optim: [1, 2\n")
+    with pytest.raises(ValueError, match="bad.yaml: not valid YAML"):
+        load_config(bad)
+    cfg = load_config(None, ["mesh=1,3,1", "global_batch_size=8"])
+    with pytest.raises(ValueError, match="not divisible by the data x fsdp mesh axes"):
+        Trainer(cfg, MODEL, mesh=sharding.make_mesh("1,3,1", jax.devices()[:3]))
