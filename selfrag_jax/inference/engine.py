@@ -1,0 +1,217 @@
+"""The compiled core of Self-RAG decoding: bucketed prefill and the segment step.
+
+Two jitted programs do all the model work, and nothing syncs with the host per token:
+
+- `prefill(contexts)`: right-padded contexts (questions, or beams in long form) fill a KV
+  cache in one call; only the last position is projected onto the vocabulary, and the
+  Retrieve-group log-probabilities come from its full softmax. That is the retrieval
+  decision: no extra answer has to be decoded to make it.
+- `decode(state, src, suffixes)`: every candidate row copies the cache row of its context
+  (`src`), prefills its own suffix on top (a passage, or `[No Retrieval]`), then a
+  `lax.while_loop` decodes all rows greedily until each emits a segment boundary (a
+  Retrieve-group token, a Utility token, EOS) or hits its limit. Inside the loop the full
+  softmax of each step yields the few critique probabilities Self-RAG scores with (IsRel at
+  the first generated position, IsSup/IsUse at the first position where such a token was
+  generated); only those and the tokens come back to the host.
+
+Row counts and lengths are padded to buckets, so a whole evaluation compiles a handful of
+programs (`compiled_programs()` counts them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from selfrag_jax.inference.decode import pad_batch
+from selfrag_jax.models.config import LlamaConfig
+from selfrag_jax.models.llama import KVCache, Llama
+
+MIN_LENGTH_BUCKET = 16
+
+
+def bucket_length(n: int, minimum: int = MIN_LENGTH_BUCKET) -> int:
+    """Next power of two >= n (at least `minimum`): lengths double, programs stay few."""
+    return max(minimum, 1 << max(0, int(n) - 1).bit_length())
+
+
+def bucket_rows(n: int) -> int:
+    """1, 2, 4, 8, 12, 16, 24, 32, 48, ...: powers of two and 3/4 of them (<= 33% padding)."""
+    b = 1
+    while b < n:
+        b *= 2
+    return b * 3 // 4 if b >= 16 and b * 3 // 4 >= n else b
+
+
+@dataclass(frozen=True)
+class ControlIds:
+    """Reflection-token ids the compiled step needs (groups in the reference order)."""
+
+    retrieve: tuple[int, ...]  # No Retrieval, Retrieval, Continue to Use Evidence
+    isrel: tuple[int, ...]  # Irrelevant, Relevant
+    issup: tuple[int, ...]  # Fully, Partially, No support
+    isuse: tuple[int, ...]  # Utility:1..5
+    eos: int
+    pad: int
+
+    @classmethod
+    def from_tokenizer(cls, tok) -> "ControlIds":
+        return cls(tok.retrieve_ids, tok.isrel_ids, tok.issup_ids, tok.isuse_ids, tok.eos_id, tok.pad_id)
+
+    @property
+    def boundary(self) -> tuple[int, ...]:
+        return (*self.retrieve, *self.isuse, self.eos)
+
+
+@dataclass
+class ContextState:
+    """Prefilled contexts: the device cache plus, per real row, the retrieve statistics."""
+
+    cache: KVCache
+    lengths: np.ndarray  # [n] context lengths
+    retrieve_logprobs: np.ndarray  # [n, 3] log p of the Retrieve group, full softmax
+    greedy: np.ndarray  # [n] argmax token at the first generated position
+
+    @property
+    def retrieve_probs(self) -> np.ndarray:
+        return np.exp(self.retrieve_logprobs)
+
+
+@dataclass
+class Segments:
+    """Per candidate row: generated ids and what the scores need (numpy, real rows only)."""
+
+    tokens: np.ndarray  # [n, max_new], pad after `counts`
+    counts: np.ndarray  # [n]
+    logprob_sum: np.ndarray  # [n] sum of log p of the generated tokens
+    rel_probs: np.ndarray  # [n, 2] at the first generated position
+    sup_probs: np.ndarray  # [n, 3] at the first generated IsSup token (0 if none)
+    sup_found: np.ndarray  # [n] bool
+    use_probs: np.ndarray  # [n, 5] at the first generated Utility token (0 if none)
+    use_found: np.ndarray  # [n] bool
+
+    def ids(self, row: int) -> list[int]:
+        return self.tokens[row, : self.counts[row]].tolist()
+
+    @property
+    def seq(self) -> np.ndarray:
+        """Mean log-probability of the generated tokens."""
+        return self.logprob_sum / np.maximum(self.counts, 1)
+
+
+class Engine:
+    """Owns the two compiled programs for one model and one `max_new_tokens`."""
+
+    def __init__(self, params, config: LlamaConfig, ids: ControlIds, max_new_tokens: int):
+        self.params = params
+        self.config = config
+        self.ids = ids
+        self.max_new_tokens = int(max_new_tokens)
+        self._prefill = jax.jit(self._prefill_impl)
+        self._decode = jax.jit(self._decode_impl)
+
+    # --- host side -------------------------------------------------------------------
+    def prefill(self, contexts: Sequence[Sequence[int]]) -> ContextState:
+        n = len(contexts)
+        rows = list(contexts) + [[self.ids.pad]] * (bucket_rows(n) - n)
+        tokens, lengths = pad_batch(rows, self.ids.pad, bucket_length(max(map(len, rows))))
+        cache, ret_lp, greedy = self._prefill(self.params, tokens, lengths)
+        ret_lp, greedy = jax.device_get((ret_lp, greedy))
+        return ContextState(cache, lengths[:n], ret_lp[:n], greedy[:n])
+
+    def decode(self, state: ContextState, src: Sequence[int], suffixes: Sequence[Sequence[int]],
+               limits: Sequence[int] | None = None) -> Segments:
+        """Decode one segment for each (context row `src[i]`, suffix `suffixes[i]`).
+
+        A row's limit defaults to `max_new_tokens`; 0 skips the row."""
+        n = len(src)
+        b = bucket_rows(n)
+        limits = [self.max_new_tokens] * n if limits is None else [min(int(x), self.max_new_tokens) for x in limits]
+        rows = list(suffixes) + [[self.ids.pad]] * (b - n)
+        tokens, lengths = pad_batch(rows, self.ids.pad, bucket_length(max(map(len, rows))))
+        src_arr = np.zeros(b, np.int32)
+        src_arr[:n] = src
+        limit_arr = np.zeros(b, np.int32)
+        limit_arr[:n] = limits
+        out = self._decode(self.params, state.cache, src_arr, tokens, lengths, limit_arr)
+        return Segments(*(np.asarray(x)[:n] for x in jax.device_get(out)))
+
+    def compiled_programs(self) -> dict[str, int]:
+        return {"prefill": self._prefill._cache_size(), "decode": self._decode._cache_size()}
+
+    # --- compiled side -----------------------------------------------------------------
+    def _model(self) -> Llama:
+        return Llama(self.config)
+
+    def _last_logits(self, params, hidden, lengths):
+        """Project only each row's last real position onto the vocabulary: [B, V] float32."""
+        last = jnp.take_along_axis(hidden, (lengths - 1)[:, None, None], axis=1)
+        return self._model().apply({"params": params}, last, method=Llama.logits)[:, 0]
+
+    def _prefill_impl(self, params, tokens, lengths):
+        b, p = tokens.shape
+        cache = KVCache.zeros(self.config, b, p)
+        hidden, cache = self._model().apply({"params": params}, tokens, cache=cache, num_new=lengths, return_hidden=True)
+        logits = self._last_logits(params, hidden, lengths)
+        ret_lp = jax.nn.log_softmax(logits, axis=-1)[:, jnp.array(self.ids.retrieve)]
+        return cache, ret_lp, jnp.argmax(logits, axis=-1).astype(jnp.int32)
+
+    def _decode_impl(self, params, ctx_cache: KVCache, src, suffix, suffix_len, limit):
+        width = ctx_cache.max_len + suffix.shape[1] + self.max_new_tokens
+        grow = ((0, 0), (0, 0), (0, 0), (0, width - ctx_cache.max_len), (0, 0))
+        cache = KVCache(jnp.pad(ctx_cache.k[:, src], grow), jnp.pad(ctx_cache.v[:, src], grow), ctx_cache.end[src])
+        hidden, cache = self._model().apply({"params": params}, suffix, cache=cache, num_new=suffix_len,
+                                            return_hidden=True)
+        return self._segment_loop(params, cache, self._last_logits(params, hidden, suffix_len), limit)
+
+    def _segment_loop(self, params, cache, logits, limit):
+        """Greedy decode until each row's boundary token or limit; critique probs inside."""
+        ids, n_new = self.ids, self.max_new_tokens
+        model = self._model()
+        b = logits.shape[0]
+        group = lambda probs, g: probs[:, jnp.array(g)]  # noqa: E731
+        boundary, issup, isuse = jnp.array(ids.boundary), jnp.array(ids.issup), jnp.array(ids.isuse)
+        rel = group(jax.nn.softmax(logits, axis=-1), ids.isrel)
+
+        def cond(s):
+            return (s["step"] < n_new) & ~jnp.all(s["done"])
+
+        def body(s):
+            logp = jax.nn.log_softmax(s["logits"], axis=-1)
+            probs = jnp.exp(logp)
+            token = jnp.argmax(logp, axis=-1).astype(jnp.int32)
+            live = ~s["done"]
+            first_sup = live & ~s["sup_found"] & jnp.isin(token, issup)
+            first_use = live & ~s["use_found"] & jnp.isin(token, isuse)
+            count = s["count"] + live
+            out = {
+                "step": s["step"] + 1,
+                "tokens": s["tokens"].at[:, s["step"]].set(jnp.where(live, token, ids.pad)),
+                "count": count,
+                "lp_sum": s["lp_sum"] + jnp.where(live, jnp.take_along_axis(logp, token[:, None], 1)[:, 0], 0.0),
+                "sup": jnp.where(first_sup[:, None], group(probs, ids.issup), s["sup"]),
+                "sup_found": s["sup_found"] | first_sup,
+                "use": jnp.where(first_use[:, None], group(probs, ids.isuse), s["use"]),
+                "use_found": s["use_found"] | first_use,
+                "done": s["done"] | (live & (jnp.isin(token, boundary) | (count >= limit))),
+            }
+            # Finished rows add nothing to their cache (num_new 0), so it stays their context.
+            step_logits, out["cache"] = model.apply({"params": params}, token[:, None], cache=s["cache"],
+                                                    num_new=live.astype(jnp.int32))
+            out["logits"] = step_logits[:, 0]
+            return out
+
+        state = {
+            "step": jnp.int32(0), "logits": logits, "cache": cache,
+            "tokens": jnp.full((b, n_new), ids.pad, jnp.int32), "count": jnp.zeros((b,), jnp.int32),
+            "lp_sum": jnp.zeros((b,), jnp.float32),
+            "sup": jnp.zeros((b, len(ids.issup)), jnp.float32), "sup_found": jnp.zeros((b,), bool),
+            "use": jnp.zeros((b, len(ids.isuse)), jnp.float32), "use_found": jnp.zeros((b,), bool),
+            "done": limit <= 0,
+        }
+        s = jax.lax.while_loop(cond, body, state)
+        return s["tokens"], s["count"], s["lp_sum"], rel, s["sup"], s["sup_found"], s["use"], s["use_found"]

@@ -1,0 +1,143 @@
+"""Self-RAG's decisions and scores as plain numpy (shared/reference/self-rag.md section 5).
+
+Everything here works on the small arrays the engine returns (or a `--cache` folder holds),
+so `sweep` can re-rank without decoding. Group orders follow `selfrag_jax.tokens`:
+Retrieve (No Retrieval, Retrieval, Continue), IsRel (Irrelevant, Relevant),
+IsSup (Fully, Partially, No support), IsUse (Utility:1..5).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from selfrag_jax.tokens import UTILITY_WEIGHTS
+
+MODES = ("adaptive", "always", "never", "hard")
+THRESHOLD_RULES = ("paper", "released")
+CLOSED_TASKS = ("fever", "pubhealth", "arc_c")
+NO_RET, RET = 0, 1  # indices in the Retrieve group
+IRRELEVANT = 0  # index in the IsRel group
+NO_SUPPORT = 2  # index in the IsSup group
+
+
+@dataclass(frozen=True)
+class RetrieveOptions:
+    """When to retrieve. `threshold` is delta; the rule says which ratio it bounds."""
+
+    mode: str = "adaptive"
+    threshold: float = 0.2
+    rule: str = "paper"  # paper: probabilities; released: raw log-probabilities
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"mode {self.mode!r} is not one of {MODES}")
+        if self.rule not in THRESHOLD_RULES:
+            raise ValueError(f"threshold rule {self.rule!r} is not one of {THRESHOLD_RULES}")
+
+
+@dataclass(frozen=True)
+class ScoreOptions:
+    """Weights of the critique scores (paper: 1.0 / 1.0 / 0.5) and the hard constraints."""
+
+    w_rel: float = 1.0
+    w_sup: float = 1.0
+    w_use: float = 0.5
+    use_seqscore: bool = True
+    drop_no_support: bool = False
+    drop_irrelevant: bool = False
+
+
+# --- retrieval decision -----------------------------------------------------------------
+def paper_ratio(retrieve_logprobs: np.ndarray) -> np.ndarray:
+    """p(Retrieval) / (p(Retrieval) + p(No Retrieval)) from the full softmax."""
+    p = np.exp(np.asarray(retrieve_logprobs, np.float64))
+    return p[..., RET] / np.maximum(p[..., RET] + p[..., NO_RET], 1e-300)
+
+
+def released_ratio(retrieve_logprobs: np.ndarray) -> np.ndarray:
+    """The released short-form script's ratio on raw log-probabilities: lp_R / (lp_R + lp_N)."""
+    lp = np.asarray(retrieve_logprobs, np.float64)
+    denom = lp[..., RET] + lp[..., NO_RET]
+    return np.where(denom != 0, lp[..., RET] / np.where(denom != 0, denom, 1.0), 0.0)
+
+
+def decide_retrieve(retrieve_logprobs: np.ndarray, greedy: np.ndarray, retrieval_id: int,
+                    opts: RetrieveOptions) -> np.ndarray:
+    """Bool per context: retrieve here? (`greedy` is the argmax token, for mode hard.)"""
+    n = np.shape(greedy)
+    if opts.mode == "always":
+        return np.ones(n, bool)
+    if opts.mode == "never":
+        return np.zeros(n, bool)
+    if opts.mode == "hard":
+        return np.asarray(greedy) == retrieval_id
+    ratio = paper_ratio(retrieve_logprobs) if opts.rule == "paper" else released_ratio(retrieve_logprobs)
+    return ratio > opts.threshold
+
+
+# --- candidate scores ---------------------------------------------------------------
+def rel_score(rel_probs: np.ndarray) -> np.ndarray:
+    p = np.asarray(rel_probs, np.float64)
+    return p[..., 1] / np.maximum(p.sum(-1), 1e-300)
+
+
+def sup_score(sup_probs: np.ndarray, found: np.ndarray) -> np.ndarray:
+    p = np.asarray(sup_probs, np.float64)
+    return np.where(found, (p[..., 0] + 0.5 * p[..., 1]) / np.maximum(p.sum(-1), 1e-300), 0.0)
+
+
+def use_score(use_probs: np.ndarray, found: np.ndarray) -> np.ndarray:
+    p = np.asarray(use_probs, np.float64)
+    return np.where(found, (p @ np.asarray(UTILITY_WEIGHTS)) / np.maximum(p.sum(-1), 1e-300), 0.0)
+
+
+def final_score(seq: np.ndarray, rel: np.ndarray, sup: np.ndarray, use: np.ndarray, opts: ScoreOptions) -> np.ndarray:
+    base = np.exp(np.asarray(seq, np.float64)) if opts.use_seqscore else 0.0
+    return base + opts.w_rel * np.asarray(rel) + opts.w_sup * np.asarray(sup) + opts.w_use * np.asarray(use)
+
+
+def allowed(rel_label: np.ndarray, sup_label: np.ndarray, opts: ScoreOptions) -> np.ndarray:
+    """Hard constraints. Labels are group indices of the generated token, -1 if none."""
+    keep = np.ones(np.shape(rel_label), bool)
+    if opts.drop_irrelevant:
+        keep &= np.asarray(rel_label) != IRRELEVANT
+    if opts.drop_no_support:
+        keep &= np.asarray(sup_label) != NO_SUPPORT
+    return keep
+
+
+# --- choosing the answer ----------------------------------------------------------------
+def normalise_answer(text: str, task: str = "open") -> str:
+    """The form closed-set aggregation groups by (and `--cache` stores)."""
+    t = " ".join(text.strip().split()).lower()
+    if task in ("fever", "pubhealth"):
+        t = t.replace("supports", "true").replace("refutes", "false")
+        for label in ("true", "false"):
+            if re.search(rf"\b{label}\b", t):
+                return label
+    if task == "arc_c":
+        m = re.match(r"^\(?([a-e])\b", t)
+        if m:
+            return m.group(1).upper()
+    return t.rstrip(" .!?")
+
+
+def choose(texts: list[str], finals: np.ndarray, keep: np.ndarray, task: str = "open") -> int | None:
+    """Index of the chosen candidate, None if the constraints dropped all of them.
+
+    Open tasks: the best candidate. Closed sets: sum final scores per normalised answer,
+    then the best-scoring candidate of the winning answer."""
+    idx = [i for i in range(len(texts)) if keep[i]]
+    if not idx:
+        return None
+    if task not in CLOSED_TASKS:
+        return max(idx, key=lambda i: finals[i])
+    totals: dict[str, float] = {}
+    for i in idx:
+        key = normalise_answer(texts[i], task)
+        totals[key] = totals.get(key, 0.0) + float(finals[i])
+    best = max(totals, key=totals.get)
+    return max((i for i in idx if normalise_answer(texts[i], task) == best), key=lambda i: finals[i])
