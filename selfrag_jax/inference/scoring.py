@@ -64,16 +64,15 @@ def released_ratio(retrieve_logprobs: np.ndarray) -> np.ndarray:
     return np.where(denom != 0, lp[..., RET] / np.where(denom != 0, denom, 1.0), 0.0)
 
 
-def decide_retrieve(retrieve_logprobs: np.ndarray, greedy: np.ndarray, retrieval_id: int,
-                    opts: RetrieveOptions) -> np.ndarray:
-    """Bool per context: retrieve here? (`greedy` is the argmax token, for mode hard.)"""
-    n = np.shape(greedy)
+def decide_retrieve(retrieve_logprobs: np.ndarray, greedy_retrieval: np.ndarray, opts: RetrieveOptions) -> np.ndarray:
+    """Bool per context: retrieve here? (`greedy_retrieval`: the argmax token is [Retrieval].)"""
+    n = np.shape(greedy_retrieval)
     if opts.mode == "always":
         return np.ones(n, bool)
     if opts.mode == "never":
         return np.zeros(n, bool)
     if opts.mode == "hard":
-        return np.asarray(greedy) == retrieval_id
+        return np.asarray(greedy_retrieval, bool)
     ratio = paper_ratio(retrieve_logprobs) if opts.rule == "paper" else released_ratio(retrieve_logprobs)
     return ratio > opts.threshold
 

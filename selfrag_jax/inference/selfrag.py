@@ -67,7 +67,7 @@ class QuestionResult:
     item: Item
     prompt: list[int]
     retrieve_logprobs: np.ndarray
-    greedy: int
+    greedy_retrieval: bool  # the argmax first token is [Retrieval]
     retrieved: bool
     candidates: list[Row] = field(default_factory=list)
     no_retrieval: Row | None = None
@@ -86,9 +86,9 @@ class ShortForm:
     def run(self, items: Sequence[Item]) -> list[QuestionResult]:
         prompts = [self.prompt_ids(it) for it in items]
         state = self.engine.prefill(prompts)
-        retrieve = scoring.decide_retrieve(state.retrieve_logprobs, state.greedy,
-                                           self.tok.control_id(T.RETRIEVAL), self.opts.retrieve)
-        results = [QuestionResult(it, p, state.retrieve_logprobs[i], int(state.greedy[i]), bool(retrieve[i]))
+        greedy_retrieval = state.greedy == self.tok.control_id(T.RETRIEVAL)
+        retrieve = scoring.decide_retrieve(state.retrieve_logprobs, greedy_retrieval, self.opts.retrieve)
+        results = [QuestionResult(it, p, state.retrieve_logprobs[i], bool(greedy_retrieval[i]), bool(retrieve[i]))
                    for i, (it, p) in enumerate(zip(items, prompts))]
         self._attach_rows(results)
         src, rows = [], []

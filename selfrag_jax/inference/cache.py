@@ -1,0 +1,149 @@
+"""`generate --cache DIR`: everything `sweep` needs to re-rank without decoding again.
+
+Both paths are decoded for every question (all K passages and the no-retrieval answer), so
+any threshold, rule, mode, weight or constraint can be replayed from this folder.
+
+Schema (version 1), written atomically (temporary folder, then one rename):
+
+    meta.json     {"schema": 1, "task", "options", "groups", "n_questions", "n_candidates"}
+    index.jsonl   one line per question, in input order:
+                  {"id", "question", "answers", "no_retrieval": {"text", "norm"},
+                   "candidates": [{"passage": {"id","title","text"}, "text", "norm"}]}
+    arrays.npz    per question q (Q rows) and per candidate c (C rows, grouped by question):
+      q_retrieve_logprobs [Q,3] f32  log p of (No Retrieval, Retrieval, Continue), full softmax
+      q_retrieve_probs    [Q,3] f32  the same as probabilities
+      q_greedy_retrieval  [Q]  bool  the argmax first token is [Retrieval] (mode hard)
+      q_cand_start, q_cand_count [Q] int32  the question's candidate rows
+      q_nr_seq            [Q]  f32   mean log-prob of the no-retrieval answer
+      c_question          [C]  int32 question row of the candidate
+      c_seq               [C]  f32   mean log-prob of the generated tokens (raw, not exp)
+      c_rel_probs         [C,2] f32  p(Irrelevant), p(Relevant) at the first position
+      c_rel               [C]  f32   p(Relevant) / (p(Relevant) + p(Irrelevant))
+      c_sup_probs         [C,3] f32  IsSup group at the first generated IsSup token (0s if none)
+      c_sup_found         [C]  bool
+      c_use_probs         [C,5] f32  IsUse group at the first generated Utility token (0s if none)
+      c_use_found         [C]  bool
+      c_rel_label, c_sup_label [C] int8  group index of the generated IsRel / IsSup token, -1 none
+`norm` is `scoring.normalise_answer(text, task)`, the key of closed-set aggregation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from selfrag_jax import tokens as T
+from selfrag_jax.inference import scoring
+from selfrag_jax.utils import atomic_dir
+
+SCHEMA = 1
+
+
+@dataclass
+class SweepCache:
+    meta: dict[str, Any]
+    questions: list[dict[str, Any]]
+    arrays: dict[str, np.ndarray]
+
+    def candidate_rows(self, q: int) -> slice:
+        start = int(self.arrays["q_cand_start"][q])
+        return slice(start, start + int(self.arrays["q_cand_count"][q]))
+
+
+def write_cache(folder: str | Path, results: list, opts) -> Path:
+    """Write the cache of short-form `results` (QuestionResult, both paths decoded)."""
+    task = opts.task
+    questions, q_rows, c_rows = [], [], []
+    for q, r in enumerate(results):
+        if r.no_retrieval is None:
+            raise ValueError("write_cache needs both paths decoded (GenerateOptions.keep_both_paths)")
+        questions.append(_index_line(r, task))
+        q_rows.append((r.retrieve_logprobs, r.greedy_retrieval, len(c_rows), len(r.candidates),
+                       r.no_retrieval.seq))
+        c_rows.extend((q, c) for c in r.candidates)
+    arrays = _arrays(q_rows, c_rows)
+    meta = {"schema": SCHEMA, "task": task, "options": _jsonable(dataclasses.asdict(opts)),
+            "groups": {"retrieve": T.RETRIEVE_GROUP, "isrel": T.ISREL_GROUP, "issup": T.ISSUP_GROUP,
+                       "isuse": T.ISUSE_GROUP},
+            "n_questions": len(questions), "n_candidates": len(c_rows)}
+    with atomic_dir(folder) as tmp:
+        np.savez(tmp / "arrays.npz", **arrays)
+        (tmp / "index.jsonl").write_text("".join(json.dumps(q, ensure_ascii=False) + "\n" for q in questions))
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+    return Path(folder)
+
+
+def _index_line(r, task: str) -> dict[str, Any]:
+    nr = r.no_retrieval.text
+    return {"id": r.item.id, "question": r.item.question, "answers": _answers(r.item.record),
+            "no_retrieval": {"text": nr, "norm": scoring.normalise_answer(nr, task)},
+            "candidates": [{"passage": c.passage, "text": c.text, "norm": scoring.normalise_answer(c.text, task)}
+                           for c in r.candidates]}
+
+
+def _answers(record: dict[str, Any]) -> list:
+    answers = record.get("answers", record.get("answer", []))
+    return answers if isinstance(answers, list) else [answers]
+
+
+def _arrays(q_rows: list, c_rows: list) -> dict[str, np.ndarray]:
+    lp = np.array([q[0] for q in q_rows], np.float32).reshape(-1, 3)
+    cands = [c for _, c in c_rows]
+    rel_probs = np.array([c.rel_probs for c in cands], np.float32).reshape(-1, 2)
+    return {
+        "q_retrieve_logprobs": lp, "q_retrieve_probs": np.exp(lp),
+        "q_greedy_retrieval": np.array([q[1] for q in q_rows], bool),
+        "q_cand_start": np.array([q[2] for q in q_rows], np.int32),
+        "q_cand_count": np.array([q[3] for q in q_rows], np.int32),
+        "q_nr_seq": np.array([q[4] for q in q_rows], np.float32),
+        "c_question": np.array([q for q, _ in c_rows], np.int32),
+        "c_seq": np.array([c.seq for c in cands], np.float32),
+        "c_rel_probs": rel_probs, "c_rel": scoring.rel_score(rel_probs).astype(np.float32),
+        "c_sup_probs": np.array([c.sup_probs for c in cands], np.float32).reshape(-1, 3),
+        "c_sup_found": np.array([c.sup_found for c in cands], bool),
+        "c_use_probs": np.array([c.use_probs for c in cands], np.float32).reshape(-1, 5),
+        "c_use_found": np.array([c.use_found for c in cands], bool),
+        "c_rel_label": np.array([c.rel_label for c in cands], np.int8),
+        "c_sup_label": np.array([c.sup_label for c in cands], np.int8),
+    }
+
+
+def _jsonable(obj):
+    return json.loads(json.dumps(obj, default=str))
+
+
+def load_cache(folder: str | Path) -> SweepCache:
+    folder = Path(folder)
+    meta_path = folder / "meta.json"
+    if not meta_path.exists():
+        raise FileNotFoundError(f"{folder}: not a generate --cache folder (no meta.json)")
+    meta = json.loads(meta_path.read_text())
+    if meta.get("schema") != SCHEMA:
+        raise ValueError(f"{meta_path}: cache schema {meta.get('schema')!r}, expected {SCHEMA}")
+    questions = [json.loads(line) for line in (folder / "index.jsonl").read_text().splitlines() if line]
+    with np.load(folder / "arrays.npz") as data:
+        arrays = {k: data[k] for k in data.files}
+    return SweepCache(meta, questions, arrays)
+
+
+def replay(cache: SweepCache, retrieve: scoring.RetrieveOptions, score: scoring.ScoreOptions) -> list[dict[str, Any]]:
+    """Per question {"prediction", "retrieved", "chosen"} under new options, no decoding."""
+    a, task = cache.arrays, cache.meta["task"]
+    decide = scoring.decide_retrieve(a["q_retrieve_logprobs"], a["q_greedy_retrieval"], retrieve)
+    sup = scoring.sup_score(a["c_sup_probs"], a["c_sup_found"])
+    use = scoring.use_score(a["c_use_probs"], a["c_use_found"])
+    final = scoring.final_score(a["c_seq"], a["c_rel"], sup, use, score)
+    keep = scoring.allowed(a["c_rel_label"], a["c_sup_label"], score)
+    out = []
+    for q, line in enumerate(cache.questions):
+        rows = cache.candidate_rows(q)
+        retrieved = bool(decide[q]) and rows.stop > rows.start
+        chosen = scoring.choose([c["text"] for c in line["candidates"]], final[rows], keep[rows], task) if retrieved else None
+        text = line["candidates"][chosen]["text"] if chosen is not None else line["no_retrieval"]["text"]
+        out.append({"prediction": text, "retrieved": retrieved, "chosen": chosen})
+    return out

@@ -1,0 +1,83 @@
+"""`selfrag-jax generate` end to end: output format, --cache replay, one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from test_inference import make_items, make_selfrag_model
+
+from selfrag_jax.cli import main
+from selfrag_jax.inference.cache import load_cache, replay
+from selfrag_jax.inference.scoring import RetrieveOptions, ScoreOptions
+
+KEYS = {"id", "question", "prediction", "retrieved", "p_retrieve", "candidates", "chosen"}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_selfrag_model(tmp_path_factory.mktemp("cli") / "hf", seed=4)
+
+
+def write_input(path, items):
+    path.write_text("".join(json.dumps(it.record) + "\n" for it in items))
+    return path
+
+
+def test_generate_writes_records_and_a_cache_that_replays(model_dir, tmp_path):
+    src = write_input(tmp_path / "in.jsonl", make_items(5, seed=7, k=3))
+    out, cache = tmp_path / "out.jsonl", tmp_path / "cache"
+    rc = main(["generate", "--model", str(model_dir), "--input", str(src), "--output", str(out), "--ndocs", "3",
+               "--max-new-tokens", "8", "--threshold", "0.5", "--trace", "--cache", str(cache)])
+    assert rc == 0
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["id"] for r in records] == [str(i) for i in range(5)]  # input order
+    for rec in records:
+        assert KEYS <= set(rec) and 0 <= rec["p_retrieve"] <= 1
+        assert len(rec["candidates"]) == 3 and "token_ids" in rec["no_retrieval"]
+        for cand in rec["candidates"]:
+            assert set(cand["scores"]) == {"seq", "rel", "sup", "use", "final"}
+            assert {"prompt_token_ids", "token_ids"} <= set(cand) and set(cand["passage"]) == {"id", "title", "text"}
+
+    data = load_cache(cache)
+    assert data.meta["n_questions"] == 5 and data.meta["n_candidates"] == 15
+    assert data.arrays["c_sup_probs"].shape == (15, 3) and data.arrays["c_use_probs"].shape == (15, 5)
+    same = replay(data, RetrieveOptions(threshold=0.5), ScoreOptions())
+    assert [(r["prediction"], r["retrieved"], r["chosen"]) for r in same] == \
+        [(r["prediction"], r["retrieved"], r["chosen"]) for r in records]
+    np.testing.assert_allclose(data.arrays["c_seq"], [c["scores"]["seq"] for r in records for c in r["candidates"]],
+                               atol=1e-6)
+    assert all(r["retrieved"] for r in replay(data, RetrieveOptions(mode="always"), ScoreOptions()))
+    assert not any(r["retrieved"] for r in replay(data, RetrieveOptions(mode="never"), ScoreOptions()))
+
+
+@pytest.mark.parametrize("lines,message", [
+    (['{"question": "a?"}', '{"question": '], "in.jsonl:2: malformed JSON"),
+    (['{"question": "a?"}', '', '{"answers": ["x"]}'], "in.jsonl:3: record has no 'question' or 'instruction'"),
+    (['{"question": "a?", "ctxs": "nope"}'], "in.jsonl:1: 'ctxs' must be a list"),
+])
+def test_bad_input_fails_with_file_and_line(model_dir, tmp_path, capsys, lines, message):
+    (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out.jsonl"
+    rc = main(["generate", "--model", str(model_dir), "--input", str(tmp_path / "in.jsonl"), "--output", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and message in err and len(err.splitlines()) == 1
+    assert not out.exists() and not list(tmp_path.glob(".out.jsonl*"))
+
+
+@pytest.mark.parametrize("flags", [["--pipeline", "naive"], ["--refuse"], ["--max-rounds", "2"]])
+def test_unimplemented_options_fail_in_one_line(model_dir, tmp_path, capsys, flags):
+    (tmp_path / "in.jsonl").write_text('{"question": "a?"}\n')
+    rc = main(["generate", "--model", str(model_dir), "--input", str(tmp_path / "in.jsonl"),
+               "--output", str(tmp_path / "o.jsonl"), *flags])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "not implemented yet" in err and len(err.splitlines()) == 1
+
+
+def test_missing_passages_without_a_retriever_fail_naming_the_record(model_dir, tmp_path, capsys):
+    (tmp_path / "in.jsonl").write_text('{"question": "a?"}\n{"question": "b?"}\n')
+    rc = main(["generate", "--model", str(model_dir), "--input", str(tmp_path / "in.jsonl"),
+               "--output", str(tmp_path / "o.jsonl"), "--mode", "always", "--max-new-tokens", "2"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "in.jsonl:1: no 'ctxs' and no retriever" in err
