@@ -209,3 +209,50 @@ def test_long_passage_is_truncated_never_the_question(model, engine):
     assert cand["prompt_token_ids"][: len(rec["prompt_token_ids"])] == rec["prompt_token_ids"]
     assert len(cand["prompt_token_ids"]) + MAX_NEW <= config.max_position_embeddings
     assert cand["prompt_token_ids"][-1] == tok.control_id(T.PARAGRAPH_CLOSE)
+
+
+class FakeRetriever:
+    """Deterministic passages per query; remembers the queries it was asked."""
+
+    def __init__(self):
+        self.queries: list[str] = []
+
+    def __call__(self, queries, k):
+        self.queries.extend(queries)
+        return [[{"id": f"r{len(q)}.{j}", "title": f"doc {j}", "text": f"{q} fox {j}", "score": 1.0 - j / 10}
+                 for j in range(k)] for q in queries]
+
+
+def test_short_form_retrieves_for_records_without_ctxs(model, engine):
+    tok = model[3]
+    fake = FakeRetriever()
+    items = [parse_item(json.dumps({"question": f"where was alice {i} born?"}), f"t:{i}") for i in range(3)]
+    sf = ShortForm(engine, tok, GenerateOptions(ndocs=2, retrieve=RetrieveOptions(mode="always")), fake)
+    results = sf.run(items)
+    assert fake.queries == [it.question for it in items]
+    assert [c.passage["id"] for c in results[0].candidates] == ["r23.0", "r23.1"]
+
+
+def test_long_form_beam_search(model, engine):
+    from selfrag_jax.inference.longform import LongForm
+
+    tok = model[3]
+    fake = FakeRetriever()
+    online = [parse_item(json.dumps({"question": f"who is alice {i}?"}), f"t:{i}") for i in range(2)]
+    items = online + make_items(2, seed=5, k=3)
+    opts = GenerateOptions(task="asqa", ndocs=3, trace=True, beam_width=2, max_depth=3,
+                           retrieve=RetrieveOptions(mode="always"))
+    lf = LongForm(engine, tok, opts, fake)
+    results = lf.run(items)
+    records = [lf.record(r) for r in results]
+    assert max(len(r["segments"]) for r in records) > 1  # expanded past the first level
+    assert any(q not in {it.question for it in online} for q in fake.queries)  # question + previous segment
+    for rec, r in zip(records, results):
+        assert 1 <= len(rec["segments"]) <= 3
+        # the context carries every passage and reflection token generated before
+        for seg, s in zip(rec["segments"], r.best.segments):
+            assert seg["passage"] is not None and rec["docs"][s.doc - 1]["id"] == seg["passage"]["id"]
+        assert rec["token_ids"].count(tok.control_id(T.PARAGRAPH_OPEN)) == len(rec["segments"])
+        cited = [f"{s.text} [{s.doc}]" for s in r.best.segments if s.text]
+        assert rec["prediction"] == " ".join(cited)
+        assert r.best.score == pytest.approx(np.mean([s["scores"]["final"] for s in rec["segments"]]))
