@@ -258,6 +258,13 @@ class Trainer:
         return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state,
                           first_bad_step=jnp.full((), -1, jnp.int32))
 
+    def jit_train_step(self, tx, schedule, state_shardings):
+        """The jitted train step that `fit` runs (donated state, explicit shardings); `plan`
+        compiles this same function ahead of time for a target topology."""
+        return jax.jit(make_train_step(self.cfg, self.model_config, tx, schedule, self.rules),
+                       in_shardings=(state_shardings, self.batch_sharding),
+                       out_shardings=(state_shardings, None), donate_argnums=(0,))
+
     # --- batches -----------------------------------------------------------------------
     def global_batch(self, local: dict[str, np.ndarray]) -> dict[str, jax.Array]:
         """Assemble each host's rows into global arrays sharded over the data axes."""
@@ -277,12 +284,14 @@ class Trainer:
         restored = ckpt.restore_latest(self.abstract_state, self.state_shardings)
         if restored is not None:
             state, meta = restored
-            data.restore(meta["data_state"])
+            states = meta["data_states"]
+            if len(states) != jax.process_count():
+                raise ValueError(f"checkpoint step {int(state.step)} holds data positions of {len(states)} hosts, "
+                                 f"this run has {jax.process_count()}; resume with the same number of hosts")
+            data.restore(states[jax.process_index()])
         start = int(state.step)
 
-        step_fn = jax.jit(make_train_step(cfg, self.model_config, tx, schedule, self.rules),
-                          in_shardings=(self.state_shardings, self.batch_sharding),
-                          out_shardings=(self.state_shardings, None), donate_argnums=(0,))
+        step_fn = self.jit_train_step(tx, schedule, self.state_shardings)
         eval_fn = jax.jit(make_eval_step(cfg, self.model_config, self.rules),
                           in_shardings=(self.state_shardings.params, self.batch_sharding))
         tokens_per_step = cfg.global_batch_size * cfg.data.seq_len
@@ -329,6 +338,10 @@ class Trainer:
         return last
 
     def evaluate(self, eval_fn, params, eval_data: DataSource) -> float:
+        """Loss on the first `eval_batches` batches of the eval stream (the same ones each time)."""
+        if not hasattr(self, "_eval_start"):
+            self._eval_start = eval_data.state()
+        eval_data.restore(self._eval_start)
         num = den = 0.0
         for i, local in enumerate(eval_data):
             if i >= self.cfg.eval_batches:
@@ -368,12 +381,13 @@ def build_model(cfg: TrainConfig):
     return preset(m.preset, **overrides), None, tokenizer
 
 
-def resolve_num_steps(cfg: TrainConfig, num_examples: int | None) -> int:
+def resolve_num_steps(cfg: TrainConfig, num_examples: int | None, examples_per_step: float | None = None) -> int:
+    """num_steps, or epochs x examples / examples per step (more than the batch size when packed)."""
     if cfg.num_steps:
         return cfg.num_steps
     if not num_examples:
         raise ValueError("num_steps=0 needs a data set of known size to derive steps from epochs")
-    return max(1, math.ceil(cfg.epochs * num_examples / cfg.global_batch_size))
+    return max(1, math.ceil(cfg.epochs * num_examples / (examples_per_step or cfg.global_batch_size)))
 
 
 def write_run_config(cfg: TrainConfig, model_config: LlamaConfig) -> None:
