@@ -353,11 +353,13 @@ def _build_module(config: BertConfig, pooling: str, normalize: bool, dtype: Any)
         @nn.compact
         def __call__(self, x, bias):
             b, length, hidden = x.shape
-            split = lambda t: t.reshape(b, length, heads, head_dim)  # noqa: E731
+            # [B, heads, L, D] with explicit transposes: XLA's CPU backend runs these batched
+            # matmuls about 2x faster than the same einsum on the [B, L, heads, D] layout.
+            split = lambda t: t.reshape(b, length, heads, head_dim).transpose(0, 2, 1, 3)  # noqa: E731
             q, k, v = (split(dense(hidden, n)(x)) for n in ("query", "key", "value"))
-            scores = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) / math.sqrt(head_dim) + bias
+            scores = (q @ k.transpose(0, 1, 3, 2)).astype(jnp.float32) / math.sqrt(head_dim) + bias
             probs = jax.nn.softmax(scores, axis=-1).astype(dtype)
-            context = jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(b, length, hidden)
+            context = (probs @ v).transpose(0, 2, 1, 3).reshape(b, length, hidden)
             x = norm("attention_norm")(x + dense(hidden, "attention_out")(context))
             inner = act(dense(config.intermediate_size, "intermediate")(x))
             return norm("output_norm")(x + dense(hidden, "output")(inner))

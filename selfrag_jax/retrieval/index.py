@@ -202,10 +202,13 @@ class ScannIndex:
     def size(self) -> int:
         return self._size
 
-    def search(self, queries: np.ndarray, k: int, leaves_to_search: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def search(
+        self, queries: np.ndarray, k: int, leaves_to_search: int | None = None, reorder: int | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """leaves_to_search / reorder: per-call overrides of the built values (speed vs recall)."""
         queries = np.ascontiguousarray(queries, np.float32)
         k = min(k, self.size)
-        pre = max(self.params.reorder, k) if self.params.reorder else None
+        pre = max(reorder or self.params.reorder, k) if self.params.reorder else None
         leaves = leaves_to_search or (self.params.leaves_to_search or None)
         if len(queries) == 1:
             rows, scores = self.searcher.search_batched(queries, k, pre, leaves)

@@ -1,0 +1,145 @@
+"""QPS at recall@10 >= 0.95: ScaNN (automatic parameters) vs exact search vs FAISS HNSW.
+
+    python -m bench.bench_retrieval_index            # 1,000,000 x 384 (minutes, ~8 GB)
+    python -m bench.bench_retrieval_index --small    # 50,000 x 384, a quick correctness run
+
+Data: unit vectors in clusters (real embeddings cluster by topic), held-out points as
+queries. Ground truth and the exact baseline: `ExactIndex` (blocked jitted matmul + top-k).
+ScaNN keeps its automatic build parameters and searches the fewest leaves that reach the
+target recall; FAISS HNSW (M 32, efConstruction 80) the smallest efSearch that does.
+QPS is batched (all queries in one call), the median of --repeats runs.
+Writes bench/results/retrieval_index[_small].json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import time
+
+import numpy as np
+
+from bench.bench_retrieval_common import machine_info, median_time, versions, write_result
+from selfrag_jax.retrieval.index import ExactIndex, ScannIndex, build_index
+from selfrag_jax.retrieval.synthetic import clustered_vectors, recall_at_k, split_queries
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--small", action="store_true", help="50k vectors, 500 queries")
+    parser.add_argument("--n", type=int, help="database vectors (default 1,000,000; 50,000 with --small)")
+    parser.add_argument("--dim", type=int, default=384)
+    parser.add_argument("--clusters", type=int, help="default n / 100: more clusters than tree leaves, so neighbours straddle leaves")
+    parser.add_argument("--spread", type=float, default=1.0, help="cluster noise (larger: harder)")
+    parser.add_argument("--queries", type=int, help="default 2,000 (500 with --small)")
+    parser.add_argument("--k", type=int, default=10)
+    parser.add_argument("--target-recall", type=float, default=0.95)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--no-faiss", action="store_true")
+    args = parser.parse_args()
+    n = args.n or (50_000 if args.small else 1_000_000)
+    n_queries = args.queries or (500 if args.small else 2_000)
+    clusters = args.clusters or max(10, n // 100)
+    threads = os.cpu_count() or 1
+
+    t0 = time.perf_counter()
+    db, queries = split_queries(clustered_vectors(n + n_queries, args.dim, clusters, seed=0, spread=args.spread), n_queries)
+    print(f"data: {n} x {args.dim} in {clusters} clusters, {n_queries} queries ({time.perf_counter() - t0:.1f}s)", flush=True)
+    result: dict = {
+        "machine": machine_info(),
+        "versions": versions("numpy", "jax", "jaxlib", "scann", "faiss-cpu"),
+        "config": {"n": n, "dim": args.dim, "clusters": clusters, "spread": args.spread, "queries": n_queries, "k": args.k,
+                   "target_recall": args.target_recall, "repeats": args.repeats, "threads": threads},  # fmt: skip
+        "methods": {},
+    }
+
+    exact = ExactIndex(db)
+    _, truth = exact.search(queries, args.k)  # also the warm-up (device copy, compile)
+    seconds, runs = median_time(lambda: exact.search(queries, args.k), args.repeats)
+    result["methods"]["exact"] = _entry(1.0, n_queries, seconds, runs, {"block_rows": exact.block_rows}, build_s=0.0)
+    print(f"exact: {n_queries / seconds:.0f} QPS", flush=True)
+    del exact
+    gc.collect()
+
+    result["methods"]["scann"] = bench_scann(db, queries, truth, args)
+    print(f"scann: {result['methods']['scann']}", flush=True)
+    gc.collect()
+    if not args.no_faiss:
+        result["methods"]["faiss_hnsw"] = bench_faiss(db, queries, truth, args, threads)
+        print(f"faiss: {result['methods']['faiss_hnsw']}", flush=True)
+
+    qps = {name: m["qps"] for name, m in result["methods"].items() if m.get("qps")}
+    result["ratios"] = {"scann_vs_exact": qps["scann"] / qps["exact"]}
+    if "faiss_hnsw" in qps:
+        result["ratios"]["scann_vs_faiss_hnsw"] = qps["scann"] / qps["faiss_hnsw"]
+    result["goals"] = {
+        "scann_vs_exact >= 10": result["ratios"]["scann_vs_exact"] >= 10,
+        "scann_vs_faiss_hnsw >= 1": result["ratios"].get("scann_vs_faiss_hnsw", 0) >= 1,
+    }
+    name = "retrieval_index_small" if args.small else "retrieval_index" if n == 1_000_000 else f"retrieval_index_n{n}"
+    path = write_result(name, result)
+    print(f"ratios {result['ratios']} -> {path}")
+
+
+def bench_scann(db: np.ndarray, queries: np.ndarray, truth: np.ndarray, args) -> dict:
+    t0 = time.perf_counter()
+    index: ScannIndex = build_index(db, "scann", normalized=True)
+    build_s = time.perf_counter() - t0
+    params = index.params
+    # Per re-scoring depth, the fewest leaves reaching the target (search-time knobs, as
+    # efSearch is for HNSW); the fastest of those wins. No tree: only the depth varies.
+    fractions = (0.005, 0.01, 0.015, 0.02, 0.03, 0.04, 0.06, 0.08, 0.12, 0.2)
+    leaf_options = sorted({max(1, round(params.num_leaves * f)) for f in fractions}) if params.num_leaves else [None]
+    reorder_options = sorted({r for r in (50, 100, 200, params.reorder) if r <= params.reorder}) if params.reorder else [None]
+    sweep, best = [], None
+    for reorder in reorder_options:
+        for leaves in leaf_options:
+            search = lambda: index.search(queries, args.k, leaves_to_search=leaves, reorder=reorder)  # noqa: E731
+            recall = recall_at_k(search()[1], truth)
+            point = {"leaves_to_search": leaves, "reorder": reorder, "recall": recall}
+            sweep.append(point)
+            if recall >= args.target_recall:
+                seconds, runs = median_time(search, args.repeats)
+                point["qps"] = len(queries) / seconds
+                if best is None or point["qps"] > best["qps"]:
+                    best = _entry(recall, len(queries), seconds, runs, {**params.__dict__, **point}, build_s)
+                break
+    if best is None:
+        return {"qps": None, "build_s": build_s, "params": params.__dict__, "sweep": sweep, "note": "target recall not reached"}
+    best["params"].pop("qps", None)
+    best["params"].pop("recall", None)
+    return {**best, "sweep": sweep}
+
+
+def bench_faiss(db: np.ndarray, queries: np.ndarray, truth: np.ndarray, args, threads: int) -> dict:
+    import faiss
+
+    faiss.omp_set_num_threads(threads)
+    t0 = time.perf_counter()
+    index = faiss.IndexHNSWFlat(db.shape[1], 32, faiss.METRIC_INNER_PRODUCT)
+    index.hnsw.efConstruction = 80
+    index.add(db)
+    build_s = time.perf_counter() - t0
+    sweep = []
+    for ef in (16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512):
+        index.hnsw.efSearch = ef
+        index.search(queries, args.k)  # warm-up
+        recall = recall_at_k(index.search(queries, args.k)[1], truth)
+        sweep.append({"efSearch": ef, "recall": recall})
+        if recall >= args.target_recall:
+            seconds, runs = median_time(lambda: index.search(queries, args.k), args.repeats)
+            return _entry(recall, len(queries), seconds, runs, {"M": 32, "efConstruction": 80, "efSearch": ef}, build_s, sweep)
+    return {"qps": None, "build_s": build_s, "sweep": sweep, "note": "target recall not reached"}
+
+
+def _entry(recall, n_queries, seconds, runs, params, build_s, sweep=None) -> dict:
+    entry = {"recall": recall, "qps": n_queries / seconds, "qps_runs": [n_queries / s for s in runs],
+             "median_s": seconds, "build_s": build_s, "params": params}  # fmt: skip
+    if sweep is not None:
+        entry["sweep"] = sweep
+    return entry
+
+
+if __name__ == "__main__":
+    main()
