@@ -34,17 +34,22 @@ from selfrag_jax.models.llama import KVCache, Llama
 MIN_LENGTH_BUCKET = 16
 
 
-def bucket_length(n: int, minimum: int = MIN_LENGTH_BUCKET) -> int:
-    """Next power of two >= n (at least `minimum`): lengths double, programs stay few."""
-    return max(minimum, 1 << max(0, int(n) - 1).bit_length())
+def bucket(n: int, minimum: int = 1) -> int:
+    """Smallest of 1, 2, 4, 8, 12, 16, 24, 32, 48, ... (powers of two and 3/4 of them) that
+    holds n: at most a third is padding, and the number of distinct shapes grows only
+    logarithmically, so few programs are compiled."""
+    b = 1
+    while b < max(n, minimum):
+        b *= 2
+    return b * 3 // 4 if b >= 16 and b * 3 // 4 >= max(n, minimum) else b
+
+
+def bucket_length(n: int) -> int:
+    return bucket(n, MIN_LENGTH_BUCKET)
 
 
 def bucket_rows(n: int) -> int:
-    """1, 2, 4, 8, 12, 16, 24, 32, 48, ...: powers of two and 3/4 of them (<= 33% padding)."""
-    b = 1
-    while b < n:
-        b *= 2
-    return b * 3 // 4 if b >= 16 and b * 3 // 4 >= n else b
+    return bucket(n)
 
 
 @dataclass(frozen=True)

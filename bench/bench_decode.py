@@ -1,0 +1,225 @@
+"""Short-form Self-RAG decoding: our engine against the released algorithm in PyTorch.
+
+`python -m bench.bench_decode [--small]` -> bench/results/decode[_small].json
+
+Workload (default): 32 questions x 5 passages of ~150 tokens, up to 64 new tokens, the
+125M Llama shape with random weights (so rows rarely stop early: the worst case).
+- ours: `Engine` with mode always: one prefill of all prompts (the retrieve decision comes
+  from its softmax), then one compiled segment step over all 160 candidate rows.
+- reference: the released algorithm written with transformers' PyTorch `generate` on the
+  same weights (exported with `export_hf`): per question a no-retrieval decode (which is how
+  the release reads the retrieve-token probabilities), then its K passages batched, with the
+  critique scores read from `output_scores` on the host.
+Also reported: ours against decoding candidate rows one at a time, the share of the
+float32 matmul peak (measured in the same run) that the required FLOPs reach, and how
+time grows with K. Random ids stand in for text: the engine only sees ids.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")  # a CPU benchmark against PyTorch on CPU
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+@dataclass(frozen=True)
+class Workload:
+    preset: str
+    questions: int
+    k: int
+    prompt_tokens: tuple[int, int]  # min, max
+    passage_tokens: int
+    new_tokens: int
+    k_sweep: tuple[int, ...]
+    one_at_a_time_rows: int
+
+
+FULL = Workload("llama-125m", 32, 5, (40, 90), 150, 64, (1, 2, 5, 10, 20), 10)
+SMALL = Workload("tiny", 4, 3, (10, 20), 20, 8, (1, 2, 3), 3)
+
+
+def control_ids(vocab: int, eos: int = 2):
+    """The Self-RAG layout: 16 control tokens at the end of the vocabulary."""
+    from selfrag_jax.inference.engine import ControlIds
+
+    b = vocab - 16
+    return ControlIds(retrieve=(b, b + 1, b + 2), isrel=(b + 3, b + 4), issup=(b + 12, b + 13, b + 14),
+                      isuse=tuple(range(b + 7, b + 12)), eos=eos, pad=b + 15)
+
+
+def make_inputs(w: Workload, vocab: int, k: int, seed: int = 0):
+    """Prompts and, per question, k passage suffixes `[Retrieval]<paragraph>...</paragraph>`."""
+    rng = np.random.default_rng(seed)
+    b = vocab - 16
+    prompts = [[1] + rng.integers(3, b, rng.integers(*w.prompt_tokens)).tolist() for _ in range(w.questions)]
+    passages = [[[b + 1, b + 5] + rng.integers(3, b, w.passage_tokens - 3).tolist() + [b + 6] for _ in range(k)]
+                for _ in range(w.questions)]
+    return prompts, passages
+
+
+def run_ours(engine, prompts, passages):
+    state = engine.prefill(prompts)
+    src = [q for q, ps in enumerate(passages) for _ in ps]
+    return engine.decode(state, src, [p for ps in passages for p in ps])
+
+
+def run_reference(model, ids, prompts, passages, new_tokens: int):
+    """The released short-form algorithm: no-retrieval pass, then the K passages batched."""
+    import torch
+
+    stop = list(ids.boundary)
+    for prompt, psgs in zip(prompts, passages):
+        with torch.no_grad():
+            first = model.generate(torch.tensor([prompt + [ids.retrieve[0]]]), max_new_tokens=new_tokens,
+                                   do_sample=False, eos_token_id=stop, pad_token_id=ids.pad,
+                                   output_scores=True, return_dict_in_generate=True)
+            _ = torch.log_softmax(first.scores[0][0], -1)[list(ids.retrieve)]
+            rows = [prompt + p for p in psgs]
+            width = max(map(len, rows))
+            tokens = torch.tensor([[ids.pad] * (width - len(r)) + r for r in rows])
+            mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+            out = model.generate(tokens, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False,
+                                 eos_token_id=stop, pad_token_id=ids.pad, output_scores=True,
+                                 return_dict_in_generate=True)
+            reference_scores(out, ids, width)
+
+
+def reference_scores(out, ids, width):
+    """seq / rel / sup / use from the per-step scores, as the release does on the host."""
+    import torch
+
+    logp = torch.log_softmax(torch.stack(out.scores, 1), -1)  # [rows, steps, vocab]
+    gen = out.sequences[:, width:]
+    tok_lp = logp.gather(-1, gen[:, :, None])[..., 0]
+    seq = tok_lp.mean(-1)
+    probs = logp[:, 0].exp()
+    rel = probs[:, ids.isrel[1]] / probs[:, list(ids.isrel)].sum(-1)
+    is_sup = torch.isin(gen, torch.tensor(ids.issup))
+    is_use = torch.isin(gen, torch.tensor(ids.isuse))
+    return seq, rel, is_sup.any(-1), is_use.any(-1)
+
+
+def matmul_peak(n: int) -> dict[str, float]:
+    """float32 n^3 matmul GFLOP/s with numpy (MKL/OpenBLAS) and JAX, best of 3 each."""
+    import jax
+    import jax.numpy as jnp
+
+    a = np.random.default_rng(0).standard_normal((n, n), np.float32)
+    out = {}
+    for name, fn in (("numpy", lambda: a @ a), ("jax", lambda: jnp.dot(ja, ja).block_until_ready())):
+        ja = jnp.asarray(a)
+        fn()
+        best = min(_timed(fn) for _ in range(3))
+        out[name] = 2 * n**3 / best / 1e9
+    jax.clear_caches()
+    return out
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def required_flops(config, prompts, passages, new_tokens: int) -> float:
+    """Model FLOPs the workload needs: each prompt once, each passage once, every new token,
+    attention over the real context (no padding counted)."""
+    body = 2 * config.num_params(include_embeddings=False)
+    head = 2 * config.vocab_size * config.hidden_size
+    attn = 4 * config.num_layers * config.num_heads * config.head_dim  # per (query, key) pair
+    total = 0.0
+    for prompt, psgs in zip(prompts, passages):
+        p = len(prompt)
+        total += body * p + attn * p * (p + 1) / 2 + head
+        for s in psgs:
+            total += body * len(s) + attn * len(s) * (p + len(s) / 2) + head
+            ctx = p + len(s)
+            total += new_tokens * (body + head) + attn * sum(ctx + i for i in range(new_tokens))
+    return total
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--small", action="store_true", help="tiny shapes: checks that the benchmark runs")
+    args = parser.parse_args(argv)
+    w = SMALL if args.small else FULL
+    os.environ.setdefault("SELFRAG_NO_PROGRESS", "1")
+    import jax
+    import torch
+
+    from selfrag_jax.inference.engine import Engine
+    from selfrag_jax.models.config import preset
+    from selfrag_jax.models.hf import export_hf
+    from selfrag_jax.models.llama import init_params
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    config = preset(w.preset)
+    params = init_params(config, 0)
+    ids = control_ids(config.vocab_size)
+    prompts, passages = make_inputs(w, config.vocab_size, w.k)
+    result = {"workload": w.__dict__, "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
+                                                   "load_average_at_start": os.getloadavg()},
+              "versions": {"jax": jax.__version__, "torch": torch.__version__}}
+
+    engine = Engine(params, config, ids, w.new_tokens)
+    t_first = _timed(lambda: run_ours(engine, prompts, passages))  # includes compilation
+    t_ours = _timed(lambda: run_ours(engine, prompts, passages))
+    seg = run_ours(engine, prompts, passages)
+    result["ours"] = {"first_call_s_incl_compile": t_first, "seconds": t_ours,
+                      "generated_tokens": int(seg.counts.sum()), "compiled_programs": engine.compiled_programs()}
+
+    with tempfile.TemporaryDirectory() as tmp:
+        export_hf(params, config, Path(tmp) / "hf")
+        from transformers import LlamaForCausalLM
+
+        model = LlamaForCausalLM.from_pretrained(Path(tmp) / "hf", dtype=torch.float32).eval()
+    t_ref = _timed(lambda: run_reference(model, ids, prompts, passages, w.new_tokens))
+    result["reference"] = {"seconds": t_ref, "what": "transformers generate: no-retrieval pass + K passages batched"}
+    result["speedup_vs_reference"] = t_ref / t_ours
+
+    def one_at_a_time():
+        for i in range(w.one_at_a_time_rows):
+            q = i % w.questions
+            run_ours(engine, [prompts[q]], [[passages[q][0]]])
+
+    one_at_a_time()  # compile the one-row programs
+    one_row_s = _timed(one_at_a_time) / w.one_at_a_time_rows
+    n_rows = w.questions * w.k
+    result["one_at_a_time"] = {"seconds_per_row": one_row_s, "extrapolated_seconds": one_row_s * n_rows,
+                               "speedup_of_batching": one_row_s * n_rows / t_ours}
+
+    peak = matmul_peak(512 if args.small else 2048)
+    flops = required_flops(config, prompts, passages, w.new_tokens)
+    result["roofline"] = {"required_gflop": flops / 1e9, "matmul_peak_gflops": peak,
+                          "achieved_gflops": flops / t_ours / 1e9,
+                          "share_of_peak": flops / t_ours / 1e9 / max(peak.values())}
+
+    sweep = {}
+    for k in w.k_sweep:
+        p_k, s_k = make_inputs(w, config.vocab_size, k, seed=1)
+        run_ours(engine, p_k, s_k)  # compile this row count
+        sweep[str(k)] = _timed(lambda: run_ours(engine, p_k, s_k))
+    result["seconds_by_k"] = sweep
+    result["compiled_programs_total"] = engine.compiled_programs()
+
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = RESULTS / ("decode_small.json" if args.small else "decode.json")
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps({k: result[k] for k in ("ours", "reference", "speedup_vs_reference", "one_at_a_time",
+                                             "roofline", "seconds_by_k")}, indent=2))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
