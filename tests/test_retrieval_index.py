@@ -131,8 +131,29 @@ def test_build_folder_exact_and_scann_agree_and_reload(tmp_path):
     assert [[h["id"] for h in q] for q in a] == [[h["id"] for h in q] for q in b]
     shutil.move(scann_dir, tmp_path / "moved")
     assert Retriever.from_dir(tmp_path / "moved").retrieve(queries, 5) == b
+    shutil.move(encoder_dir, tmp_path / "tiny-elsewhere")  # as on another machine
+    with pytest.raises(FileNotFoundError, match="not a Hugging Face model folder"):
+        Retriever.from_dir(tmp_path / "moved")
+    assert Retriever.from_dir(tmp_path / "moved", encoder_path=tmp_path / "tiny-elsewhere").retrieve(queries, 5) == b
+    encoder_dir = tmp_path / "tiny-elsewhere"
+    common["encoder"] = str(encoder_dir)
     with pytest.raises(ValueError, match="already there"):
         build_index_folder(BuildConfig(out=str(exact_dir), backend="exact", **common))
+
+
+def test_hosts_of_a_pod_embed_disjoint_shards(tmp_path):
+    from selfrag_jax.retrieval.embed import embed_store, load_embeddings
+    from selfrag_jax.retrieval.encoder import TextEncoder
+
+    write_store(iter_passages(write_corpus(tmp_path / "c.jsonl", 250)), tmp_path / "store")
+    store = PassageStore(tmp_path / "store")
+    encoder = TextEncoder.load(make_tiny_bert(tmp_path / "tiny"))
+    written = [embed_store(store, encoder, tmp_path / "emb", EmbedConfig(shard_size=40, process_index=p, process_count=2, progress=False))
+               for p in (0, 1)]  # fmt: skip
+    assert written == [[0, 2, 4, 6], [1, 3, 5]]
+    assert embed_store(store, encoder, tmp_path / "emb", EmbedConfig(shard_size=40, process_index=0, process_count=1, progress=False)) == []
+    vectors = load_embeddings(tmp_path / "emb", 250, 40, encoder.dimension)
+    np.testing.assert_allclose(vectors[200:210], encoder.encode(store.texts(200, 210)), rtol=1e-5, atol=1e-5)
 
 
 def test_build_killed_half_way_leaves_no_index_and_resumes(tmp_path):

@@ -63,14 +63,16 @@ def build_index_folder(config: BuildConfig, encoder: TextEncoder | None = None, 
         raise ValueError(f"{out}: an index is already there (pass --overwrite to replace it)")
     if out.exists() and not (out / MANIFEST).exists() and any(out.iterdir()):
         raise ValueError(f"{out}: exists and is not an index folder; refusing to replace it")
-    if config.backend == "scann":
+    process = config.embed.process_index if config.embed.process_index is not None else _jax_process_index()
+    if config.backend == "scann" and process == 0:
         from selfrag_jax.retrieval.index import import_scann
 
         import_scann()  # fail now, not after hours of embedding
+    spec = read_encoder_spec(config.encoder, config.pooling, config.normalize, config.max_length)
+    if not Path(config.passages).is_file():
+        raise FileNotFoundError(f"{config.passages}: no such passages file")
     work = partial_dir(out)
     work.mkdir(parents=True, exist_ok=True)
-    spec = read_encoder_spec(config.encoder, config.pooling, config.normalize, config.max_length)
-    process = config.embed.process_index if config.embed.process_index is not None else _jax_process_index()
     _check_resume(work, spec, config)
 
     if not (work / MANIFEST).exists():
@@ -124,8 +126,12 @@ def build_index_folder(config: BuildConfig, encoder: TextEncoder | None = None, 
 
 def _check_resume(work: Path, spec: EncoderSpec, config: BuildConfig) -> None:
     """A resumed build must use the same passages, encoder and shard size as the first try."""
+    source = Path(config.passages).resolve()
+    stat = source.stat()
     settings = {
-        "passages": str(Path(config.passages).resolve()),
+        "passages": str(source),
+        "passages_size": stat.st_size,
+        "passages_mtime_ns": stat.st_mtime_ns,
         "encoder": spec.to_json(),
         "shard_size": config.embed.shard_size,
     }

@@ -17,6 +17,7 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         parser.add_argument("--query", required=True, help="query text")
         parser.add_argument("-k", type=int, default=5, help="passages to return (default 5)")
         parser.add_argument("--json", action="store_true", help="print the hits as JSON")
+        parser.add_argument("--encoder", metavar="ENC", help="encoder folder to use instead of the manifest's (same model)")
     elif name == "serve-retrieval":
         from selfrag_jax.retrieval.server import ServerConfig
 
@@ -24,6 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         parser.add_argument("index", metavar="DIR", help="index folder (from `index build`)")
         parser.add_argument("--host", default=d.host, help=f"address to listen on (default {d.host})")
         parser.add_argument("--port", type=int, default=d.port, help=f"port (default {d.port}; 0 picks a free one)")
+        parser.add_argument("--encoder", metavar="ENC", help="encoder folder to use instead of the manifest's (same model)")
         parser.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes, help="larger bodies get 413")
         parser.add_argument("--max-queries", type=int, default=d.max_queries, help="queries per request")
         parser.add_argument("--max-query-chars", type=int, default=d.max_query_chars, help="characters per query")
@@ -118,7 +120,7 @@ def _run_search(args: argparse.Namespace) -> int:
 
     if args.k < 1:
         raise CLIError("-k must be at least 1")
-    hits = Retriever.from_dir(args.index).retrieve([args.query], args.k)[0]
+    hits = Retriever.from_dir(args.index, encoder_path=args.encoder).retrieve([args.query], args.k)[0]
     if args.json:
         print(json.dumps(hits, ensure_ascii=False, indent=2))
         return 0
@@ -142,7 +144,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         batch_wait_ms=args.batch_wait_ms,
         max_batch=args.max_batch,
     )
-    retriever = Retriever.from_dir(args.index)
+    retriever = Retriever.from_dir(args.index, encoder_path=args.encoder)
     retriever.warmup(max_batch=min(16, config.max_batch))  # compile before the first request
     try:
         serve(retriever, config, log=lambda msg: print(msg, flush=True))

@@ -9,6 +9,7 @@ database can stand behind the same interface.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import http.client
 import json
@@ -48,17 +49,28 @@ class Retriever:
         self.manifest = manifest or {}
 
     @classmethod
-    def from_dir(cls, folder: str | Path, encoder_config: EncoderConfig | None = None, encoder: TextEncoder | None = None) -> "Retriever":
+    def from_dir(
+        cls,
+        folder: str | Path,
+        encoder_config: EncoderConfig | None = None,
+        encoder: TextEncoder | None = None,
+        encoder_path: str | Path | None = None,
+    ) -> "Retriever":
+        """Opens an index folder; encoder_path replaces the manifest's encoder folder (the same
+        model stored elsewhere, e.g. after the index moved to another machine)."""
         folder = Path(folder)
         manifest = read_manifest(folder)
         spec = EncoderSpec.from_json(manifest["encoder"])
+        if encoder_path is not None:
+            spec = dataclasses.replace(spec, path=str(encoder_path))
         index = load_vector_index(folder, manifest["backend"], manifest["params"], int(manifest["count"]))
         store = PassageStore(folder)
         if len(store) != int(manifest["count"]):
             raise ValueError(f"{folder}/manifest.json: field 'count' is {manifest['count']} but the store has {len(store)} passages")
         encoder = encoder or TextEncoder(spec, encoder_config or EncoderConfig())
-        if encoder.spec != spec:
-            raise ValueError(f"{folder}: index was built with encoder {spec}, given {encoder.spec}")
+        same = ("pooling", "normalize", "max_length", "dimension")
+        if any(getattr(encoder.spec, f) != getattr(spec, f) for f in same):
+            raise ValueError(f"{folder}/manifest.json: index was built with encoder {spec}, given {encoder.spec}")
         return cls(encoder, index, store, manifest)
 
     @property
