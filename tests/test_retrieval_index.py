@@ -3,7 +3,6 @@ passage files, crash-safe builds, and an import that stays free of ScaNN/TensorF
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal

@@ -21,7 +21,7 @@ import pickle
 import zipfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -483,14 +483,3 @@ class TextEncoder:
         """Batch sizes are powers of two (so few shapes compile), a multiple of the devices."""
         rows = max(1 << max(0, math.ceil(math.log2(max(n, 1)))), devices)
         return -(-rows // devices) * devices
-
-
-def iter_batches(items: Iterable[Any], size: int) -> Iterable[list[Any]]:
-    batch: list[Any] = []
-    for item in items:
-        batch.append(item)
-        if len(batch) == size:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
