@@ -79,7 +79,11 @@ def build_index_folder(config: BuildConfig, encoder: TextEncoder | None = None, 
         if not (work / OFFSETS_FILE).exists():
             if process == 0:
                 t0 = time.perf_counter()
-                count = write_store(iter_passages(config.passages), work)
+                try:
+                    count = write_store(iter_passages(config.passages), work)
+                except (ValueError, OSError):
+                    shutil.rmtree(work)  # nothing worth resuming yet; a fixed file starts afresh
+                    raise
                 log(f"passages: {count} rows stored in {time.perf_counter() - t0:.1f}s")
             else:
                 _wait_for(work / OFFSETS_FILE, config.wait_timeout_s)
@@ -138,10 +142,14 @@ def _check_resume(work: Path, spec: EncoderSpec, config: BuildConfig) -> None:
     path = work / "build.json"
     if path.exists():
         previous = json.loads(path.read_text())
-        if previous != settings:
+        if previous == settings:
+            return
+        if any((work / "embeddings").glob("emb-*.npy")):
             changed = sorted(k for k in settings if previous.get(k) != settings[k])
             raise ValueError(f"{work}: an interrupted build with other settings ({', '.join(changed)}) is there; remove it or rerun it as before")
-    elif not (work / MANIFEST).exists():
+        shutil.rmtree(work)  # no finished shard to protect: start afresh
+        work.mkdir()
+    if not (work / MANIFEST).exists():
         _write_json_atomic(path, settings)
 
 
