@@ -53,3 +53,20 @@ def any_process(flag: bool) -> bool:
     from jax.experimental import multihost_utils
 
     return bool(np.any(multihost_utils.process_allgather(np.array([flag]))))
+
+
+def gather_json(obj) -> list:
+    """Every process's JSON-able `obj`, in process order (e.g. each host's data position)."""
+    import json
+
+    if jax.process_count() == 1:
+        return [obj]
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    raw = np.frombuffer(json.dumps(obj).encode(), np.uint8)
+    size = int(np.max(multihost_utils.process_allgather(np.array([raw.size]))))
+    padded = np.zeros(size, np.uint8)
+    padded[: raw.size] = raw
+    rows = multihost_utils.process_allgather(padded)
+    return [json.loads(bytes(r).rstrip(b"\0").decode()) for r in rows]

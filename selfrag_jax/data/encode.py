@@ -87,6 +87,8 @@ def encode_parts(record: dict, kind: str, tok, cfg: MaskConfig) -> tuple[list[in
     if kind == "generator":
         prompt, target = generator_texts(record)
         return tok.encode_text(prompt), tok.encode_structured(target)
+    if kind == "text":
+        return [], tok.encode_text(record["output"])
     prompt, label = critic_texts(record)
     return tok.encode_text(prompt), (tok.encode_text(label) if cfg.critic_labels == "text" else tok.encode_structured(label))
 

@@ -40,8 +40,8 @@ class TaskSpec:
     rate: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.kind not in ("generator", "critic"):
-            raise ValueError(f"task {self.name}: kind must be 'generator' or 'critic', got {self.kind!r}")
+        if self.kind not in ("generator", "critic", "text"):
+            raise ValueError(f"task {self.name}: kind must be 'generator', 'critic' or 'text', got {self.kind!r}")
         if self.kind == "critic" and self.critic_type not in CRITIC_TYPES:
             raise ValueError(f"task {self.name}: critic_type must be one of {CRITIC_TYPES}, got {self.critic_type!r}")
         if not self.rate > 0:

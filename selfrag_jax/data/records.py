@@ -1,7 +1,8 @@
 """Reading the released Self-RAG JSON-lines layouts, with errors that name file and line.
 
 Generator records: `{"instruction", "input", "output", "id", "dataset_name"}` (self-rag.md
-section 2). Critic records: `{"instruction", "input", "output", "task"}`; the bundled world
+section 2). Critic records: `{"instruction", "input", "output", "task"}`. Text records (base-model
+pretraining): `{"text"}`, trained on every token; the bundled world
 writes the type in `dataset_name` (`critic_isrel`, ...), both are accepted. Every reader in
 this package (the numpy path and the TFDS builder) goes through `parse_record`, so a bad
 line fails the same way, as `RecordError("FILE:LINE: reason")`, whichever path reads it.
@@ -14,7 +15,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Iterator, Literal
 
-Kind = Literal["generator", "critic"]
+Kind = Literal["generator", "critic", "text"]
 CRITIC_TYPES = ("retrieve", "isrel", "issup", "isuse")
 # Type names as they appear in the released critic data (`task`) and in the bundled world
 # (`dataset_name`, after dropping a `critic_` prefix). "groudness" is the release's spelling.
@@ -46,6 +47,10 @@ def parse_record(line: str | bytes, kind: Kind, where: str) -> dict:
         raise RecordError(f"{where}: not valid JSON ({err.msg if hasattr(err, 'msg') else err})") from None
     if not isinstance(raw, dict):
         raise RecordError(f"{where}: expected a JSON object, got {type(raw).__name__}")
+    if kind == "text":  # plain documents for base-model pretraining: {"text"}
+        if not isinstance(raw.get("text"), str) or not raw["text"]:
+            raise RecordError(f"{where}: record has no non-empty string 'text' field")
+        return {"instruction": "", "input": "", "output": raw["text"], "id": str(raw.get("id", "")), "type": "text"}
     for field in ("instruction", "output"):
         if field not in raw:
             raise RecordError(f"{where}: record has no {field!r} field")

@@ -68,8 +68,11 @@ class CheckpointIO:
         return steps[-1] if steps else None
 
     def save(self, step: int, state, data_state: dict[str, Any], force_sync: bool = False) -> None:
+        from selfrag_jax import distributed
+
         args = self._ocp.args
-        meta = {**self.meta, "step": step, "data_state": data_state}
+        # One data position per host: each host reads its own shard of the stream.
+        meta = {**self.meta, "step": step, "data_states": distributed.gather_json(data_state)}
         self.manager.save(step, args=args.Composite(
             params=args.StandardSave(state.params),
             opt_state=args.StandardSave({"opt_state": state.opt_state, "step": state.step}),

@@ -8,6 +8,7 @@ key that is not a field, naming it.
 from __future__ import annotations
 
 import dataclasses
+import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -123,7 +124,7 @@ def _build(cls, values: dict[str, Any], where: str):
 def _coerce(value: Any, hint: Any, where: str) -> Any:
     """YAML reads `1e-5` as a string and `3` where a float is meant: convert by field type."""
     target = hint if hint in (int, float, bool, str) else None
-    if target is None:
+    if target is None and typing.get_origin(hint) in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(hint) if a is not type(None)]
         if value is None and type(None) in typing.get_args(hint):
             return None

@@ -14,16 +14,49 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def make_data(cfg, tokenizer, model_config, split: str = "train"):
-    """(data source, number of examples or None) for this host's share of the data."""
+    """(this host's data stream, number of records or None) for the config's task."""
     if cfg.data.task == "synthetic":
         from selfrag_jax.training.synthetic import SyntheticData
 
-        return SyntheticData(model_config.vocab_size, cfg.data.seq_len,
-                             cfg.global_batch_size, cfg.data.seed + (split != "train"),
-                             jax.process_index(), jax.process_count()), None
-    from selfrag_jax.data import make_training_source
+        return SyntheticData(model_config.vocab_size, cfg.data.seq_len, cfg.global_batch_size,
+                             cfg.data.seed + (split != "train"), jax.process_index(), jax.process_count()), None
+    from selfrag_jax import data as D
 
-    return make_training_source(cfg, tokenizer, split=split)
+    if tokenizer is None:
+        raise ValueError("training on real data needs a tokenizer: set model.tokenizer (or a model.init_from with one)")
+    d = cfg.data
+    files = d.train_files if split == "train" else d.eval_files
+    if not files:
+        raise ValueError(f"data.{split}_files is empty")
+    rates = d.mixture_rates
+    tasks: list = []
+    for i, path in enumerate(files):
+        if d.task in ("generator", "mixture"):
+            tasks.append(D.generator_task(path, rate=rates.get("generator", 1.0), name=f"generator{i}"))
+        elif d.task == "critic":
+            tasks.extend(D.critic_tasks(path, prefix=f"critic{i}"))
+        elif d.task == "pretrain":
+            tasks.append(D.TaskSpec(f"text{i}", str(path), "text"))
+        else:
+            raise ValueError(f"data.task={d.task!r} must be generator, critic, mixture, pretrain or synthetic")
+    if d.task == "mixture":
+        for i, path in enumerate(d.critic_files):
+            tasks.extend(D.critic_tasks(path, rate=rates.get("critic", 1.0), prefix=f"critic{i}"))
+    mask = D.MaskConfig(masking=d.masking, prompt_off_by_one=d.prompt_off_by_one,
+                        passage_loss_weight=d.passage_loss_weight)
+    data_cfg = D.DataConfig(tasks=tuple(tasks), batch_size=cfg.global_batch_size // jax.process_count(),
+                            seq_len=d.seq_len, pack=d.packing, seed=d.seed + (split != "train"), mask=mask)
+    stream = D.batches(data_cfg, tokenizer, backend="numpy" if d.backend == "auto" else d.backend)
+    return stream, sum(len(s) for s in stream.sources)
+
+
+def examples_per_batch(stream) -> float:
+    """Packed examples in one global batch, measured on the first batch (then rewound)."""
+    start = stream.state()
+    batch = next(iter(stream))
+    stream.restore(start)
+    rows = batch["segment_ids"]
+    return float(sum(len(set(r[r > 0].tolist())) for r in rows)) * jax.process_count()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -36,6 +69,8 @@ def run(args: argparse.Namespace) -> int:
     model_config, init_params, tokenizer = build_model(cfg)
     data, n_examples = make_data(cfg, tokenizer, model_config)
     eval_data = make_data(cfg, tokenizer, model_config, split="eval")[0] if cfg.data.eval_files else None
+    if n_examples and not cfg.num_steps:  # epochs -> steps, counting packed examples per batch
+        cfg.num_steps = resolve_num_steps(cfg, n_examples, examples_per_batch(data))
     num_steps = resolve_num_steps(cfg, n_examples)
     write_run_config(cfg, model_config)
     trainer = Trainer(cfg, model_config, tokenizer, init_params)
