@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve-retrieval": ("selfrag_jax.retrieval.cli", "HTTP retrieval service over an index folder"),
     "data preview": ("selfrag_jax.data.preview", "show how examples are tokenized and which tokens carry loss"),
     "generate": ("selfrag_jax.inference.cli", "Self-RAG inference (short or long form) over a JSON-lines file"),
+    "plan": ("selfrag_jax.plan", "will a config fit a TPU slice or GPUs? AOT-compile train and decode steps, bytes per chip"),
 }
 
 
@@ -52,11 +53,14 @@ def _build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = _build_parser()
-    # First pass: find the command without parsing its own flags.
-    known, _ = parser.parse_known_args(argv)
+    # First pass: find the command without parsing its own flags (nor --help, which must
+    # wait until the command's module has added its arguments).
+    known, _ = parser.parse_known_args([a for a in argv if a not in ("-h", "--help")])
     if not getattr(known, "_module", None):
+        if argv and argv[0] not in ("-h", "--help"):
+            parser.parse_args(argv)  # prints the usage error of a group without a subcommand
         parser.print_help()
-        return 0 if not argv else 2
+        return 0 if not argv or argv[0] in ("-h", "--help") else 2
     module = importlib.import_module(known._module)
     sub = known._parser
     module.add_arguments(sub, known._name) if _takes_name(module.add_arguments) else module.add_arguments(sub)
