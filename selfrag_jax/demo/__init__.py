@@ -1,0 +1,30 @@
+"""The embedded default: `selfrag-jax demo` and `selfrag-jax train-default`."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
+    if name == "train-default":
+        parser.add_argument("--out", default="runs/default", help="work folder [runs/default]")
+        parser.add_argument("--budget", choices=("full", "reduced"), default="full",
+                            help="training budget: full (shipped models) or reduced (~45 min) [full]")
+        parser.add_argument("--no-export", action="store_true", help="do not copy the models into the package")
+        return
+    from selfrag_jax.demo.run import add_demo_arguments
+
+    add_demo_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args._name == "train-default":
+        from pathlib import Path
+
+        from selfrag_jax.demo.pipeline import Stages
+
+        Stages(Path(args.out), args.budget).run_all(export=not args.no_export)
+        return 0
+    from selfrag_jax.demo.run import run_demo
+
+    return run_demo(args)

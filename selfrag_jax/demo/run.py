@@ -1,0 +1,230 @@
+"""`selfrag-jax demo`: the whole method on the bundled world, in a few minutes on a laptop.
+
+1. build the world (deterministic, seconds) and index its passages with the bundled MiniLM;
+2. answer the held-out sets with the bundled generator under four settings that share one
+   compiled engine: Self-RAG (adaptive retrieval), always retrieve top-1 (standard RAG),
+   no retrieval, and Self-RAG without IsSup in the score;
+3. measure the bundled critic against the world's ground truth on held-out examples;
+4. print a table and one traced example; write predictions, report.json, report.md and a
+   plot to the work folder. `--retrain` first reruns the whole training pipeline at a
+   reduced budget and reports its numbers beside the shipped models'.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from selfrag_jax import tokens as T
+
+# task file -> (engine task, questions used by default)
+TASKS = {
+    "world_qa": ("open", 300),
+    "world_factcheck": ("fever", 150),
+    "world_mc": ("arc_c", 150),
+    "world_noretrieval": ("open", 150),
+}
+SETTINGS = ("selfrag", "always_top1", "no_retrieval", "selfrag_no_issup")
+
+
+def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--workdir", default="demo_out", help="where the world, index and report go [demo_out]")
+    parser.add_argument("--models", default=None, help="folder with critic/ and generator/ [the bundled models]")
+    parser.add_argument("--limit", type=int, default=0, help="questions per task (0: the defaults, ~750 in all)")
+    parser.add_argument("--retrain", action="store_true",
+                        help="first rerun the whole pipeline at a reduced budget (~45 min on 2 cores)")
+    parser.add_argument("--batch-size", type=int, default=32, help="questions per engine call [32]")
+
+
+def match(prediction: str, answers: list[str]) -> float:
+    """The released metric: any gold answer is a case-sensitive substring of the prediction."""
+    return float(any(a in prediction for a in answers))
+
+
+def load_items(path: Path, limit: int):
+    from selfrag_jax.inference.items import Item
+
+    items = []
+    for line in path.read_text().splitlines()[:limit]:
+        rec = json.loads(line)
+        items.append(Item(rec["id"], rec["question"], rec.get("instruction") or rec["question"], "", None, rec,
+                          f"{path.name}:{len(items) + 1}"))
+    return items
+
+
+def evaluate_models(models: Path, world: Path, index: Path, out: Path, limit: int, batch_size: int,
+                    log=print) -> dict[str, Any]:
+    """Accuracy and retrieval frequency per task and setting, critic agreement, a trace."""
+    from selfrag_jax.inference.engine import ControlIds, Engine
+    from selfrag_jax.inference.selfrag import GenerateOptions, ShortForm
+    from selfrag_jax.inference.scoring import RetrieveOptions, ScoreOptions
+    from selfrag_jax.models.checkpoint import load_model
+    from selfrag_jax.retrieval.retriever import Retriever
+    from selfrag_jax.utils import progress
+
+    config, params, tok, _ = load_model(models / "generator")
+    engine = Engine(params, config, ControlIds.from_tokenizer(tok), max_new_tokens=24)
+    retrieve = Retriever.from_dir(index).retrieve
+    options = {
+        "selfrag": GenerateOptions(ndocs=5),
+        "always_top1": GenerateOptions(ndocs=1, pipeline="top1"),
+        "no_retrieval": GenerateOptions(pipeline="none"),
+        "selfrag_no_issup": GenerateOptions(ndocs=5, score=ScoreOptions(w_sup=0.0)),
+    }
+    report: dict[str, Any] = {"tasks": {}, "distractor_top1": {}}
+    (out / "predictions").mkdir(parents=True, exist_ok=True)
+    trace = None
+    for name, (task, default_n) in TASKS.items():
+        items = load_items(world / "eval" / f"{name}.jsonl", limit or default_n)
+        report["tasks"][name] = {}
+        per_setting = {}
+        for setting, opts in options.items():
+            runner = ShortForm(engine, tok, replace(opts, task=task, trace=setting == "selfrag"), retrieve)
+            results = []
+            for start in progress(range(0, len(items), batch_size), desc=f"{name}/{setting}", unit="batch"):
+                results += runner.run(items[start:start + batch_size])
+            records = [runner.record(r) for r in results]
+            hits = [match(rec["prediction"], it.record["answers"]) for rec, it in zip(records, items)]
+            per_setting[setting] = (records, hits)
+            report["tasks"][name][setting] = {"accuracy": float(np.mean(hits)),
+                                              "retrieval_frequency": float(np.mean([r["retrieved"] for r in records])),
+                                              "n": len(records)}
+            with open(out / "predictions" / f"{name}.{setting}.jsonl", "w") as f:
+                f.writelines(json.dumps(r) + "\n" for r in records)
+            if trace is None and setting == "selfrag" and name == "world_qa":
+                trace = next((r for r in records if r["retrieved"] and r["candidates"]), records[0])
+        if name == "world_qa":  # questions whose top-1 passage is a look-alike, not the gold one
+            gold = [set(it.record.get("meta", {}).get("gold_passage_ids", [])) for it in items]
+            top1 = [r["candidates"][0]["passage"]["id"] if r["candidates"] else None
+                    for r in per_setting["always_top1"][0]]
+            hard = [i for i, (g, t) in enumerate(zip(gold, top1)) if g and t not in g]
+            report["distractor_top1"] = {s: {"accuracy": float(np.mean([per_setting[s][1][i] for i in hard]))
+                                             if hard else None, "n": len(hard)} for s in ("selfrag", "always_top1")}
+    report["critic_agreement"] = critic_agreement(models / "critic", limit=limit or 200)
+    report["trace"] = trace
+    return report
+
+
+def critic_agreement(critic_dir: Path, limit: int = 200) -> dict[str, float]:
+    """Share of held-out critic examples where the critic's label equals the ground truth."""
+    from selfrag_jax.data.annotate import Critic, parse_label
+    from selfrag_jax.models.checkpoint import load_model
+    from selfrag_jax.world import make_world
+    from selfrag_jax.world.critic_data import make_critic_records
+
+    config, params, tok, _ = load_model(critic_dir)
+    critic = Critic(params, config, tok)
+    records = make_critic_records(make_world(0, 2000), max(limit // 5, 10), seed=1, split="heldout")
+    by_type: dict[str, list[dict]] = {}
+    for r in records:
+        by_type.setdefault(r["dataset_name"].removeprefix("critic_"), []).append(r)
+    out = {}
+    for kind, recs in by_type.items():
+        texts = critic.generate([T.CRITIC_PROMPT.format(instruction=r["instruction"], input=r["input"]) for r in recs])
+        out[kind] = float(np.mean([parse_label(kind, t) == r["output"] for t, r in zip(texts, recs)]))
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# Reporting
+# --------------------------------------------------------------------------------------
+def table(report: dict[str, Any]) -> str:
+    head = f"{'task':<20}" + "".join(f"{s:>20}" for s in SETTINGS)
+    lines = [head, "-" * len(head)]
+    for task, rows in report["tasks"].items():
+        cells = "".join(f"{rows[s]['accuracy']:>12.3f} ({rows[s]['retrieval_frequency']:.2f})" for s in SETTINGS)
+        lines.append(f"{task:<20}{cells}")
+    lines.append("accuracy (retrieval frequency), released `match` metric")
+    d = report.get("distractor_top1") or {}
+    if d.get("selfrag", {}).get("n"):
+        lines.append(f"questions whose top-1 passage is a look-alike (n={d['selfrag']['n']}): "
+                     f"Self-RAG {d['selfrag']['accuracy']:.3f} vs always-top-1 {d['always_top1']['accuracy']:.3f}")
+    if report.get("critic_agreement"):
+        lines.append("critic agreement with ground truth: " +
+                     ", ".join(f"{k} {v:.2f}" for k, v in report["critic_agreement"].items()))
+    return "\n".join(lines)
+
+
+def traced_example(trace: dict[str, Any] | None, tok) -> str:
+    if not trace:
+        return "(no traced example)"
+    lines = [f"question: {trace['question']}", f"p(retrieve) = {trace['p_retrieve']:.3f}, retrieved: {trace['retrieved']}"]
+    for j, c in enumerate(trace["candidates"][:5]):
+        marks = "".join(tok.id_to_token(i) for i in c.get("token_ids", []) if i in tok.control_ids)
+        s = c["scores"]
+        star = "*" if j == trace["chosen"] else " "
+        lines.append(f"{star} [{c['passage']['title']}] -> {c['text']!r} {marks}  "
+                     f"final {s['final']:.2f} (rel {s['rel']:.2f} sup {s['sup']:.2f} use {s['use']:.2f})")
+    lines.append(f"prediction: {trace['prediction']!r}")
+    return "\n".join(lines)
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = list(report["tasks"])
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    width = 0.2
+    for k, s in enumerate(SETTINGS):
+        ax.bar(np.arange(len(tasks)) + k * width, [report["tasks"][t][s]["accuracy"] for t in tasks], width, label=s)
+    ax.set_xticks(np.arange(len(tasks)) + 1.5 * width, tasks)
+    ax.set_ylabel("accuracy (match)")
+    ax.set_ylim(0, 1)
+    ax.legend(fontsize=8)
+    ax.set_title("Self-RAG on the bundled world (held-out questions)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    from selfrag_jax.cli import CLIError
+    from selfrag_jax.demo.pipeline import ASSETS, Stages
+
+    t0 = time.time()
+    work = Path(args.workdir)
+    work.mkdir(parents=True, exist_ok=True)
+    models = Path(args.models) if args.models else ASSETS
+    if not (models / "generator" / "config.json").exists():
+        raise CLIError(f"{models}: no bundled models (generator/, critic/); run `make train-default` first")
+    stages = Stages(work)
+    stages.stage("world", stages.world)
+    stages.stage("index", stages.index)
+    runs = {"shipped": models}
+    if args.retrain:
+        retrain = Stages(work / "retrain", budget="reduced")
+        retrain.run_all(export=False)
+        retrain.stage("export", lambda: retrain.export(work / "retrain" / "models"))
+        runs["retrained"] = work / "retrain" / "models"
+    reports = {}
+    for name, folder in runs.items():
+        reports[name] = evaluate_models(folder, work / "world", work / "index", work / name, args.limit, args.batch_size)
+    report = dict(reports["shipped"])
+    report["seconds"] = round(time.time() - t0, 1)
+    if "retrained" in reports:
+        report["retrained"] = {k: reports["retrained"][k] for k in ("tasks", "critic_agreement", "distractor_top1")}
+    from selfrag_jax.models.checkpoint import load_model
+
+    tok = load_model(models / "generator")[2]
+    text = table(report)
+    example = traced_example(report.pop("trace"), tok)
+    print(text, "\n\nA traced example (reflection tokens the generator emitted):\n" + example)
+    (work / "report.json").write_text(json.dumps(report, indent=2))
+    md = ["# Self-RAG demo on the bundled world", "", "```", text, "```", "", "## A traced example", "", "```",
+          example, "```", ""]
+    if "retrained" in report:
+        md += ["## Retrained at the reduced budget", "", "```", table(report["retrained"]), "```", ""]
+    md.append(f"Took {report['seconds']:.0f} s. Predictions in `{work / 'shipped' / 'predictions'}`.")
+    (work / "report.md").write_text("\n".join(md) + "\n")
+    plot(report, work / "accuracy.png")
+    print(f"\nwrote {work / 'report.md'}, {work / 'report.json'}, {work / 'accuracy.png'}")
+    return 0
