@@ -1,0 +1,112 @@
+"""`sweep`: grid parsing, the vectorised re-ranking against `replay` (open and closed-set
+tasks, constraints, both threshold rules) and against `generate` run with the same flags
+on a tiny random model, sharding over several devices, and the command's outputs."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import numpy as np
+import pytest
+from test_inference import make_items, make_selfrag_model
+
+from selfrag_jax.cli import main
+from selfrag_jax.evaluation import sweep as S
+from selfrag_jax.evaluation.metrics import match
+from selfrag_jax.evaluation.synthetic import synthetic_cache
+from selfrag_jax.inference.cache import load_cache, replay
+
+GRID = ("mode=adaptive|always|hard,rule=paper|released,threshold=0|0.3|0.9,seqscore=on|off,"
+        "hard=none|no_support|irrelevant|both,w_rel=0:2:2,w_sup=0|1.5,w_use=-1|0.5")
+
+
+def test_grid_spec_and_file(tmp_path):
+    grid = S.parse_grid("w_rel=0:2:5,threshold=0:1:3,rule=paper|released,seqscore=off")
+    assert grid["w_rel"] == [0.0, 0.5, 1.0, 1.5, 2.0] and grid["threshold"] == [0.0, 0.5, 1.0]
+    assert grid["rule"] == ["paper", "released"] and grid["seqscore"] == ["off"] and grid["w_use"] == [0.5]
+    assert len(S.expand(grid)) == 5 * 3 * 2
+    (tmp_path / "g.yaml").write_text("w_sup: 0:1:3\nhard: [none, both]\nseqscore: false\n")
+    grid = S.parse_grid(str(tmp_path / "g.yaml"))
+    assert grid["w_sup"] == [0.0, 0.5, 1.0] and grid["hard"] == ["none", "both"] and grid["seqscore"] == ["off"]
+    for bad in ("w_rel=a:b:c", "colour=red", "rule=mine", "w_sup"):
+        with pytest.raises(ValueError, match="grid"):
+            S.parse_grid(bad)
+
+
+@pytest.mark.parametrize("task", ["open", "arc_c", "pubhealth"])
+def test_sweep_chooses_what_replay_chooses(task):
+    cache = synthetic_cache(200, k=5, task=task, seed=3)
+    configs = S.expand(S.parse_grid(GRID))
+    result = S.run_sweep(S.prepare(cache), configs, with_choices=True, chunk=96)
+    rng = np.random.default_rng(0)
+    gold = S._gold_rule(task)
+    for g in rng.choice(len(configs), 25, replace=False):
+        rows = replay(cache, *configs[g].options())
+        assert result.chosen[g].tolist() == [-1 if r["chosen"] is None else r["chosen"] for r in rows], configs[g]
+        assert result.retrieved[g].tolist() == [r["retrieved"] for r in rows]
+        expected = np.mean([match(r["prediction"], gold(line)) for r, line in zip(rows, cache.questions)])
+        assert result.metric[g] == pytest.approx(expected, abs=1e-6)
+        assert result.retrieval_frequency[g] == pytest.approx(np.mean([r["retrieved"] for r in rows]), abs=1e-6)
+
+
+def test_sweep_is_the_same_on_one_device_and_sharded():
+    import jax
+
+    prep = S.prepare(synthetic_cache(64, k=4, task="arc_c", seed=5))
+    configs = S.expand(S.parse_grid("w_sup=0:2:7,threshold=0:1:5,hard=none|both"))
+    many = S.run_sweep(prep, configs, with_choices=True)
+    one = S.run_sweep(prep, configs, with_choices=True, devices=jax.local_devices()[:1], chunk=16)
+    assert many.devices == len(jax.local_devices()) and one.devices == 1
+    np.testing.assert_array_equal(many.chosen, one.chosen)
+    np.testing.assert_allclose(many.metric, one.metric, atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_selfrag_model(tmp_path_factory.mktemp("sweep") / "hf", seed=4)
+
+
+def test_sweep_matches_generate_run_with_those_flags(model_dir, tmp_path):
+    items = make_items(6, seed=11, k=3)
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({**it.record, "answers": [it.question.split()[0]]}) + "\n" for it in items))
+    base = ["generate", "--model", str(model_dir), "--input", str(src), "--ndocs", "3", "--max-new-tokens", "8",
+            "--no-refuse"]  # refusal is not a sweep dimension
+    assert main(base + ["--output", str(tmp_path / "cached.jsonl"), "--cache", str(tmp_path / "cache")]) == 0
+    configs = [S.Config(), S.Config(rule="released", threshold=0.5, w_use=-1.0),
+               S.Config(mode="always", seqscore="off", w_sup=2.0), S.Config(threshold=0.0, hard="both", w_rel=0.0),
+               S.Config(mode="hard", hard="no_support", w_use=1.0, w_rel=2.0)]
+    result = S.run_sweep(S.prepare(load_cache(tmp_path / "cache")), configs, with_choices=True)
+    cache = load_cache(tmp_path / "cache")
+    for g, cfg in enumerate(configs):
+        out = tmp_path / f"gen{g}.jsonl"
+        assert main(base + ["--output", str(out)] + cfg.generate_flags()) == 0
+        records = [json.loads(line) for line in out.read_text().splitlines()]
+        assert [r["retrieved"] for r in records] == result.retrieved[g].tolist(), cfg
+        assert [-1 if r["chosen"] is None else r["chosen"] for r in records] == result.chosen[g].tolist(), cfg
+        swept = [line["candidates"][c]["text"] if c >= 0 else line["no_retrieval"]["text"]
+                 for line, c in zip(cache.questions, result.chosen[g])]
+        assert [r["prediction"] for r in records] == swept, cfg
+
+
+def test_sweep_command_writes_csv_summary_and_plots(tmp_path, capsys):
+    from selfrag_jax.inference.cache import write_cache  # noqa: F401  (the schema synthetic_cache follows)
+
+    cache = synthetic_cache(50, k=4, task="open", seed=2)
+    folder = tmp_path / "cache"
+    folder.mkdir()
+    np.savez(folder / "arrays.npz", **cache.arrays)
+    (folder / "index.jsonl").write_text("".join(json.dumps(q) + "\n" for q in cache.questions))
+    (folder / "meta.json").write_text(json.dumps(cache.meta))
+    out = tmp_path / "out"
+    assert main(["sweep", "--cache", str(folder), "--out", str(out),
+                 "--grid", "w_sup=0:2:5,threshold=0:1:6,rule=paper|released,hard=none|no_support"]) == 0
+    assert "120 configurations x 50 questions" in capsys.readouterr().out
+    rows = list(csv.DictReader(open(out / "sweep.csv")))
+    assert len(rows) == 120 and {"w_sup", "threshold", "rule", "metric", "retrieval_frequency"} <= set(rows[0])
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["configurations"] == 120 and summary["best"]["metric"] == max(float(r["metric"]) for r in rows)
+    assert (out / "w_sup.png").stat().st_size > 1000 and (out / "threshold.png").stat().st_size > 1000
+    assert main(["sweep", "--cache", str(folder), "--out", str(tmp_path / "x"), "--grid", "w_sup=oops"]) == 2
+    assert not (tmp_path / "x").exists()
