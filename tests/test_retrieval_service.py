@@ -170,7 +170,7 @@ def test_cli_search_and_serve(tiny_index, capsys):
     assert main(["index", "search", str(tiny_index.parent / "missing"), "--query", "x"]) == 2
     assert "no such index folder" in capsys.readouterr().err
 
-    proc = subprocess.Popen([sys.executable, "-m", "selfrag_jax", "serve-retrieval", str(tiny_index), "--port", "0"],
+    proc = subprocess.Popen([sys.executable, "-m", "selfrag_jax", "serve-retrieval", str(tiny_index), "--port", "0", "--max-batch", "2"],
                             cwd=REPO, env=single_device_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
         line = proc.stdout.readline()
