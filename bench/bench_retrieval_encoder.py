@@ -34,6 +34,17 @@ def make_passages(n: int, vocab_file: str, seed: int = 0) -> list[str]:
     return out
 
 
+def summary(result: dict) -> list[dict]:
+    """README row (bench/common.py convention)."""
+    ratio = result["ratios"]["flax_vs_sentence_transformers"]
+    return [{
+        "what": f"retrieval_encoder: Flax MiniLM vs sentence-transformers, {result['config']['passages']:,} passages",
+        "ours": f"{result['flax']['passages_per_s']:,.1f} passages/s",
+        "peer": f"{result['sentence_transformers']['passages_per_s']:,.1f} passages/s",
+        "ratio": ratio, "goal": "ratio >= 1", "met": ratio >= 1.0,
+    }]  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--small", action="store_true", help="500 passages")
@@ -81,6 +92,7 @@ def main() -> None:
         "ratios": {"flax_vs_sentence_transformers": st_s / flax_s},
     }
     result["goals"] = {"flax_vs_sentence_transformers >= 1.0": result["ratios"]["flax_vs_sentence_transformers"] >= 1.0}
+    result["summary"] = summary(result)
     path = write_result("retrieval_encoder_small" if args.small else "retrieval_encoder", result)
     print(f"ratio flax / sentence-transformers: {result['ratios']['flax_vs_sentence_transformers']:.2f}, "
           f"min cosine {cosine.min():.6f} -> {path}")  # fmt: skip

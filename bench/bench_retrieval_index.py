@@ -77,9 +77,25 @@ def main() -> None:
         "scann_vs_exact >= 10": result["ratios"]["scann_vs_exact"] >= 10,
         "scann_vs_faiss_hnsw >= 1": result["ratios"].get("scann_vs_faiss_hnsw", 0) >= 1,
     }
+    result["summary"] = summary(result)
     name = "retrieval_index_small" if args.small else "retrieval_index" if n == 1_000_000 else f"retrieval_index_n{n}"
     path = write_result(name, result)
     print(f"ratios {result['ratios']} -> {path}")
+
+
+def summary(result: dict) -> list[dict]:
+    """README rows (bench/common.py convention): ScaNN against each peer at the target recall."""
+    c, m = result["config"], result["methods"]
+    rows = []
+    for peer, key, goal in (("exact", "scann_vs_exact", 10.0), ("faiss_hnsw", "scann_vs_faiss_hnsw", 1.0)):
+        if key in result["ratios"]:
+            rows.append({
+                "what": f"retrieval_index: ScaNN vs {peer} QPS at recall@10 >= {c['target_recall']} ({c['n']:,} x {c['dim']})",
+                "ours": f"{m['scann']['qps']:,.0f} QPS (recall {m['scann']['recall']:.3f})",
+                "peer": f"{m[peer]['qps']:,.0f} QPS (recall {m[peer]['recall']:.3f})",
+                "ratio": result["ratios"][key], "goal": f"ratio >= {goal:g}", "met": result["ratios"][key] >= goal,
+            })  # fmt: skip
+    return rows
 
 
 def bench_scann(db: np.ndarray, queries: np.ndarray, truth: np.ndarray, args) -> dict:
