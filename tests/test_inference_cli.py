@@ -66,13 +66,19 @@ def test_bad_input_fails_with_file_and_line(model_dir, tmp_path, capsys, lines, 
     assert not out.exists() and not list(tmp_path.glob(".out.jsonl*"))
 
 
-@pytest.mark.parametrize("flags", [["--pipeline", "naive"], ["--refuse"], ["--max-rounds", "2"]])
-def test_unimplemented_options_fail_in_one_line(model_dir, tmp_path, capsys, flags):
+@pytest.mark.parametrize("flags,message", [
+    (["--pipeline", "naive", "--refuse"], "--refuse and --max-rounds judge with reflection scores"),
+    (["--pipeline", "top1", "--max-rounds", "2"], "--refuse and --max-rounds judge with reflection scores"),
+    (["--long-form", "--refuse"], "short-form options"),
+    (["--max-rounds", "0"], "--max-rounds must be at least 1"),
+    (["--pipeline", "none", "--cache", "c"], "--cache is for --pipeline selfrag"),
+])
+def test_inconsistent_options_fail_in_one_line(model_dir, tmp_path, capsys, flags, message):
     (tmp_path / "in.jsonl").write_text('{"question": "a?"}\n')
     rc = main(["generate", "--model", str(model_dir), "--input", str(tmp_path / "in.jsonl"),
                "--output", str(tmp_path / "o.jsonl"), *flags])
     err = capsys.readouterr().err.strip()
-    assert rc == 2 and "not implemented yet" in err and len(err.splitlines()) == 1
+    assert rc == 2 and message in err and len(err.splitlines()) == 1
 
 
 def test_missing_passages_without_a_retriever_fail_naming_the_record(model_dir, tmp_path, capsys):

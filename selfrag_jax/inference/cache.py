@@ -131,19 +131,27 @@ def load_cache(folder: str | Path) -> SweepCache:
     return SweepCache(meta, questions, arrays)
 
 
-def replay(cache: SweepCache, retrieve: scoring.RetrieveOptions, score: scoring.ScoreOptions) -> list[dict[str, Any]]:
-    """Per question {"prediction", "retrieved", "chosen"} under new options, no decoding."""
+def replay(cache: SweepCache, retrieve: scoring.RetrieveOptions, score: scoring.ScoreOptions,
+           refuse: scoring.RefuseOptions | None = None) -> list[dict[str, Any]]:
+    """Per question {"prediction", "retrieved", "chosen", "refused"} under new options, no
+    decoding. `refuse` defaults to the refusal options the cache was written with."""
     a, task = cache.arrays, cache.meta["task"]
+    if refuse is None:
+        refuse = scoring.RefuseOptions(**cache.meta["options"].get("refuse", {}))
     decide = scoring.decide_retrieve(a["q_retrieve_logprobs"], a["q_greedy_retrieval"], retrieve)
     sup = scoring.sup_score(a["c_sup_probs"], a["c_sup_found"])
     use = scoring.use_score(a["c_use_probs"], a["c_use_found"])
     final = scoring.final_score(a["c_seq"], a["c_rel"], sup, use, score)
     keep = scoring.allowed(a["c_rel_label"], a["c_sup_label"], score)
+    if refuse.enabled:
+        keep &= scoring.passes_bar(a["c_rel"], sup, a["c_sup_label"], refuse)
     out = []
     for q, line in enumerate(cache.questions):
         rows = cache.candidate_rows(q)
         retrieved = bool(decide[q]) and rows.stop > rows.start
         chosen = scoring.choose([c["text"] for c in line["candidates"]], final[rows], keep[rows], task) if retrieved else None
-        text = line["candidates"][chosen]["text"] if chosen is not None else line["no_retrieval"]["text"]
-        out.append({"prediction": text, "retrieved": retrieved, "chosen": chosen})
+        refused = refuse.enabled and bool(decide[q]) and chosen is None
+        text = (refuse.message if refused else
+                line["candidates"][chosen]["text"] if chosen is not None else line["no_retrieval"]["text"])
+        out.append({"prediction": text, "retrieved": retrieved, "chosen": chosen, "refused": refused})
     return out

@@ -1,26 +1,48 @@
-"""`selfrag-jax generate`: Self-RAG inference over a JSON-lines file (interfaces.md).
+"""`selfrag-jax generate`: Self-RAG (or a baseline) over a JSON-lines file (interfaces.md).
 
 Reads and validates every record first (bad input fails with file:line before any model
 work), batches questions of similar length together (less padding, fewer shapes), runs
 the engine, and writes the output in input order under a temporary name, renamed into
-place at the end, so an interrupted run never leaves a half-written file.
+place at the end, so an interrupted run never leaves a half-written file. Beside it goes
+`<output>.report.json` (cost and quality, see `report`), also printed as a short table.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import time
+from dataclasses import dataclass
 from typing import Any
 
-from selfrag_jax.inference.scoring import MODES, THRESHOLD_RULES, RetrieveOptions, ScoreOptions
+from selfrag_jax.inference.corrective import QUERY_MODES, CorrectiveOptions
+from selfrag_jax.inference.scoring import (MODES, PIPELINES, THRESHOLD_RULES, RefuseOptions, RetrieveOptions,
+                                           ScoreOptions)
+from selfrag_jax.world.tasks import REFUSAL
 
-PIPELINES = ("selfrag", "naive", "top1", "none")
+# Tasks where a closed-book answer is unsafe: honest refusal is on unless --no-refuse.
+REFUSE_TASKS = ("open", "popqa", "triviaqa")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="checkpoint of this project or Hugging Face Llama folder")
     p.add_argument("--input", required=True, help="JSON lines: question|instruction, ctxs?, answers?, ...")
     p.add_argument("--output", required=True, help="JSON lines of predictions (written atomically)")
+    add_engine_arguments(p)
+    p.add_argument("--pipeline", choices=PIPELINES, default="selfrag",
+                   help="selfrag, or a baseline in the same engine: naive (top-k passages in one prompt), "
+                        "top1 (standard RAG), none (no retrieval)")
+    p.add_argument("--refuse", dest="refuse", action="store_true", default=None,
+                   help=f"answer the refusal message when no candidate passes the support bar "
+                        f"(default: on for --task {'/'.join(REFUSE_TASKS)} with selfrag short form)")
+    p.add_argument("--no-refuse", dest="refuse", action="store_false")
+    p.add_argument("--max-rounds", type=int, default=1,
+                   help="corrective re-retrieval: up to this many retrieval rounds when every passage is irrelevant")
+    p.add_argument("--cache", metavar="DIR", help="write what `sweep` needs (both paths) to DIR")
+
+
+def add_engine_arguments(p: argparse.ArgumentParser) -> None:
+    """Flags `generate` and `compare` share: retrieval, scoring, refusal, re-retrieval."""
     p.add_argument("--mode", choices=MODES, default="adaptive")
     p.add_argument("--threshold", type=float, default=0.2, help="delta of the retrieve rule")
     p.add_argument("--threshold-rule", choices=THRESHOLD_RULES, default="paper",
@@ -33,18 +55,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-seqscore", action="store_true", help="leave exp(mean log-prob) out of the final score")
     p.add_argument("--drop-no-support", action="store_true", help="hard constraint: drop [No support] candidates")
     p.add_argument("--drop-irrelevant", action="store_true", help="hard constraint: drop [Irrelevant] candidates")
-    p.add_argument("--task", default="open", help="open | fever | pubhealth | arc_c | asqa | ...")
+    p.add_argument("--task", default="open", help="open | popqa | triviaqa | fever | pubhealth | arc_c | asqa | ...")
     p.add_argument("--long-form", action="store_true", help="segment-level beam search")
     p.add_argument("--beam-width", type=int, default=2)
     p.add_argument("--max-depth", type=int, default=7)
     p.add_argument("--static-passages", action="store_true", help="long form: the same passages at every step")
-    p.add_argument("--pipeline", choices=PIPELINES, default="selfrag")
-    p.add_argument("--refuse", dest="refuse", action="store_true", default=False)
-    p.add_argument("--no-refuse", dest="refuse", action="store_false")
-    p.add_argument("--max-rounds", type=int, default=1, help="corrective re-retrieval rounds")
+    p.add_argument("--refusal-message", default=REFUSAL, help="what a refusal answers")
+    p.add_argument("--refuse-rel-threshold", type=float, default=0.5, help="support bar: rel above this")
+    p.add_argument("--refuse-sup-threshold", type=float, default=0.5, help="support bar: sup above this")
+    p.add_argument("--crag-rel-threshold", type=float, default=0.5,
+                   help="re-retrieve when every passage's rel is below this")
+    p.add_argument("--retry-token-budget", type=int, default=4096,
+                   help="tokens (passages + generated) extra rounds may spend per question")
+    p.add_argument("--crag-query", choices=QUERY_MODES, default="keywords",
+                   help="query of extra rounds: the question, + its entity words, + the model's best answer")
     p.add_argument("--batch-size", type=int, default=8, help="questions per compiled step")
     p.add_argument("--trace", action="store_true", help="add token ids (prompt and generated) to the output")
-    p.add_argument("--cache", metavar="DIR", help="write what `sweep` needs (both paths) to DIR")
     p.add_argument("--index", metavar="DIR", help="retrieve from this index folder when a record has no ctxs")
     p.add_argument("--retriever-url", metavar="URL", help="retrieve from this HTTP service instead")
 
@@ -52,65 +78,129 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from selfrag_jax.cli import CLIError
     from selfrag_jax.inference.items import read_items
-    from selfrag_jax.inference.selfrag import GenerateOptions
-
-    _check_supported(args, CLIError)
-    opts = GenerateOptions(
-        task=args.task, ndocs=args.ndocs, trace=args.trace, keep_both_paths=bool(args.cache),
-        retrieve=RetrieveOptions(args.mode, args.threshold, args.threshold_rule),
-        score=ScoreOptions(args.w_rel, args.w_sup, args.w_use, not args.no_seqscore,
-                           args.drop_no_support, args.drop_irrelevant),
-        beam_width=args.beam_width, max_depth=args.max_depth, static_passages=args.static_passages)
-    items = read_items(args.input, args.task)
-    records, results = generate(items, args, opts)
+    from selfrag_jax.inference.report import format_table
     from selfrag_jax.utils import atomic_file
 
+    check_arguments(args, CLIError)
+    opts = options_from_args(args)
+    items = read_items(args.input, args.task)
+    session = Session.load(args)
+    out = session.run(items, opts, args.batch_size)
     with atomic_file(args.output) as handle:
-        for record in records:
+        for record in out.records:
             handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+    report = out.report([it.record for it in items])
+    with atomic_file(f"{args.output}.report.json") as handle:
+        handle.write(json.dumps(report, indent=1) + "\n")
+    print(format_table({opts.pipeline: report}))
     if args.cache:
         from selfrag_jax.inference.cache import write_cache
 
-        write_cache(args.cache, results, opts)
+        write_cache(args.cache, out.results, opts)
     return 0
 
 
-def _check_supported(args: argparse.Namespace, error: type[Exception]) -> None:
-    if args.pipeline != "selfrag":
-        raise error(f"--pipeline {args.pipeline}: not implemented yet (only selfrag)")
-    if args.refuse or args.max_rounds != 1:
-        raise error("--refuse / --max-rounds: not implemented yet")
+def check_arguments(args: argparse.Namespace, error: type[Exception]) -> None:
     if args.long_form and args.cache:
         raise error("--cache is for short form (sweep re-ranks short-form candidates)")
-    for name in ("ndocs", "max_new_tokens", "batch_size", "beam_width", "max_depth"):
+    if args.cache and args.pipeline != "selfrag":
+        raise error("--cache is for --pipeline selfrag (sweep re-ranks Self-RAG candidates)")
+    if args.pipeline != "selfrag" and (args.refuse or args.max_rounds > 1):
+        raise error(f"--refuse and --max-rounds judge with reflection scores: --pipeline selfrag, not {args.pipeline}")
+    if args.long_form and (args.refuse or args.max_rounds > 1 or args.pipeline != "selfrag"):
+        raise error("--refuse, --max-rounds and --pipeline baselines are short-form options")
+    for name in ("ndocs", "max_new_tokens", "batch_size", "beam_width", "max_depth", "max_rounds"):
         if getattr(args, name) < 1:
             raise error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.retry_token_budget < 0:
+        raise error("--retry-token-budget must not be negative")
 
 
-def generate(items, args: argparse.Namespace, opts) -> tuple[list[dict[str, Any]], list]:
-    """Output records (input order) and the raw per-question results."""
-    from selfrag_jax.inference.engine import ControlIds, Engine
-    from selfrag_jax.models.checkpoint import load_model
+def options_from_args(args: argparse.Namespace, pipeline: str | None = None, refuse: bool | None = None,
+                      max_rounds: int | None = None):
+    """GenerateOptions from the flags; `compare` overrides pipeline, refusal and rounds."""
+    from selfrag_jax.inference.selfrag import GenerateOptions
 
-    config, params, tok, _ = load_model(args.model)
-    if tok is None:
-        raise ValueError(f"{args.model}: no tokenizer files next to the model")
-    engine = Engine(params, config, ControlIds.from_tokenizer(tok), args.max_new_tokens)
-    retrieve_fn = make_retriever(args)
-    if args.long_form:
-        from selfrag_jax.inference.longform import LongForm
+    pipeline = pipeline or args.pipeline
+    refuse = args.refuse if refuse is None else refuse
+    if refuse is None:  # closed-book-unsafe tasks refuse by default
+        refuse = pipeline == "selfrag" and not args.long_form and args.task in REFUSE_TASKS
+    return GenerateOptions(
+        task=args.task, ndocs=args.ndocs, pipeline=pipeline, trace=args.trace,
+        keep_both_paths=bool(getattr(args, "cache", None)),
+        retrieve=RetrieveOptions(args.mode, args.threshold, args.threshold_rule),
+        score=ScoreOptions(args.w_rel, args.w_sup, args.w_use, not args.no_seqscore,
+                           args.drop_no_support, args.drop_irrelevant),
+        refuse=RefuseOptions(bool(refuse), args.refuse_rel_threshold, args.refuse_sup_threshold, args.refusal_message),
+        corrective=CorrectiveOptions(max_rounds or args.max_rounds, args.crag_rel_threshold,
+                                     args.retry_token_budget, args.crag_query),
+        beam_width=args.beam_width, max_depth=args.max_depth, static_passages=args.static_passages)
 
-        runner = LongForm(engine, tok, opts, retrieve_fn)
-    else:
+
+@dataclass
+class RunOutput:
+    """Records (input order), raw results, and what the run cost."""
+
+    records: list[dict[str, Any]]
+    results: list
+    tokens: Any  # engine.TokenCount
+    batch_size: int
+    seconds: float
+
+    def report(self, inputs: list[dict[str, Any]], judge=None) -> dict[str, Any]:
+        from selfrag_jax.inference.report import cost_report, quality_report
+
+        report = {"pipeline": self.records[0].get("pipeline", "selfrag") if self.records else None}
+        report.update(cost_report(self.records, [r.latency_s for r in self.results], self.tokens,
+                                  self.batch_size, self.seconds))
+        report.update(quality_report(inputs, self.records, judge))
+        return report
+
+
+@dataclass
+class Session:
+    """One model, tokenizer, engine and retriever, reused by every pipeline run on it."""
+
+    engine: Any
+    tokenizer: Any
+    retrieve_fn: Any
+    long_form: bool = False
+
+    @classmethod
+    def load(cls, args: argparse.Namespace) -> "Session":
+        from selfrag_jax.inference.engine import ControlIds, Engine
+        from selfrag_jax.models.checkpoint import load_model
+
+        config, params, tok, _ = load_model(args.model)
+        if tok is None:
+            raise ValueError(f"{args.model}: no tokenizer files next to the model")
+        engine = Engine(params, config, ControlIds.from_tokenizer(tok), args.max_new_tokens)
+        return cls(engine, tok, make_retriever(args), args.long_form)
+
+    def runner(self, opts):
+        if self.long_form:
+            from selfrag_jax.inference.longform import LongForm
+
+            return LongForm(self.engine, self.tokenizer, opts, self.retrieve_fn)
         from selfrag_jax.inference.selfrag import ShortForm
 
-        runner = ShortForm(engine, tok, opts, retrieve_fn)
-    results = run_batches(runner, items, args.batch_size)
-    return [runner.record(r) for r in results], results
+        return ShortForm(self.engine, self.tokenizer, opts, self.retrieve_fn)
+
+    def run(self, items: list, opts, batch_size: int) -> RunOutput:
+        from selfrag_jax.inference.engine import TokenCount
+
+        runner = self.runner(opts)
+        before = TokenCount(self.engine.tokens.prefill, self.engine.tokens.decode)
+        start = time.perf_counter()
+        results = run_batches(runner, items, batch_size)
+        seconds = time.perf_counter() - start
+        spent = TokenCount(self.engine.tokens.prefill - before.prefill, self.engine.tokens.decode - before.decode)
+        return RunOutput([runner.record(r) for r in results], results, spent, batch_size, seconds)
 
 
 def run_batches(runner, items: list, batch_size: int) -> list:
-    """Run `runner` over batches of questions of similar length; results in input order."""
+    """Run `runner` over batches of questions of similar length; results in input order.
+    Each result's `latency_s` is its batch's wall time divided by the batch's questions."""
     from selfrag_jax.utils import progress
 
     order = sorted(range(len(items)), key=lambda i: len(items[i].instruction) + len(items[i].input))
@@ -118,7 +208,11 @@ def run_batches(runner, items: list, batch_size: int) -> list:
     with progress(total=len(items), desc="generate", unit="q") as bar:
         for start in range(0, len(order), batch_size):
             batch = order[start:start + batch_size]
-            for i, result in zip(batch, runner.run([items[i] for i in batch])):
+            t0 = time.perf_counter()
+            out = runner.run([items[i] for i in batch])
+            share = (time.perf_counter() - t0) / len(batch)
+            for i, result in zip(batch, out):
+                result.latency_s = share
                 results[i] = result
             bar.update(len(batch))
     return results

@@ -108,6 +108,19 @@ class Segments:
         return self.logprob_sum / np.maximum(self.counts, 1)
 
 
+@dataclass
+class TokenCount:
+    """Real (unpadded) tokens the engine processed: contexts and suffixes prefilled, and
+    tokens generated. What a run costs, for reports and budgets."""
+
+    prefill: int = 0
+    decode: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.prefill + self.decode
+
+
 class Engine:
     """Owns the two compiled programs for one model and one `max_new_tokens`."""
 
@@ -116,6 +129,7 @@ class Engine:
         self.config = config
         self.ids = ids
         self.max_new_tokens = int(max_new_tokens)
+        self.tokens = TokenCount()
         self._prefill = jax.jit(self._prefill_impl)
         self._decode = jax.jit(self._decode_impl)
 
@@ -126,6 +140,7 @@ class Engine:
         tokens, lengths = pad_batch(rows, self.ids.pad, bucket_length(max(map(len, rows))))
         cache, ret_lp, greedy = self._prefill(self.params, tokens, lengths)
         ret_lp, greedy = jax.device_get((ret_lp, greedy))
+        self.tokens.prefill += int(lengths[:n].sum())
         return ContextState(cache, lengths[:n], ret_lp[:n], greedy[:n])
 
     def decode(self, state: ContextState, src: Sequence[int], suffixes: Sequence[Sequence[int]],
@@ -143,7 +158,10 @@ class Engine:
         limit_arr = np.zeros(b, np.int32)
         limit_arr[:n] = limits
         out = self._decode(self.params, state.cache, src_arr, tokens, lengths, limit_arr)
-        return Segments(*(np.asarray(x)[:n] for x in jax.device_get(out)))
+        seg = Segments(*(np.asarray(x)[:n] for x in jax.device_get(out)))
+        self.tokens.prefill += int(lengths[:n].sum())
+        self.tokens.decode += int(seg.counts.sum())
+        return seg
 
     def compiled_programs(self) -> dict[str, int]:
         return {"prefill": self._prefill._cache_size(), "decode": self._decode._cache_size()}

@@ -60,6 +60,7 @@ class LongResult:
     docs: list[dict[str, str]]
     best: Beam
     prediction: str = ""
+    latency_s: float = 0.0  # set by `run_batches`
 
 
 class LongForm:

@@ -14,10 +14,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from selfrag_jax.tokens import UTILITY_WEIGHTS
+from selfrag_jax.world.tasks import REFUSAL
 
 MODES = ("adaptive", "always", "never", "hard")
 THRESHOLD_RULES = ("paper", "released")
 CLOSED_TASKS = ("fever", "pubhealth", "arc_c")
+PIPELINES = ("selfrag", "naive", "top1", "none")  # Self-RAG and the baselines run in the same engine
 NO_RET, RET = 0, 1  # indices in the Retrieve group
 IRRELEVANT = 0  # index in the IsRel group
 NO_SUPPORT = 2  # index in the IsSup group
@@ -48,6 +50,18 @@ class ScoreOptions:
     use_seqscore: bool = True
     drop_no_support: bool = False
     drop_irrelevant: bool = False
+
+
+@dataclass(frozen=True)
+class RefuseOptions:
+    """Honest refusal: answer only from a candidate that passes the support bar, else say
+    `message`. The bar: the IsSup token the model chose is not `No support / Contradictory`,
+    sup > `sup_threshold` and rel > `rel_threshold`."""
+
+    enabled: bool = False
+    rel_threshold: float = 0.5
+    sup_threshold: float = 0.5
+    message: str = REFUSAL
 
 
 # --- retrieval decision -----------------------------------------------------------------
@@ -106,6 +120,29 @@ def allowed(rel_label: np.ndarray, sup_label: np.ndarray, opts: ScoreOptions) ->
     if opts.drop_no_support:
         keep &= np.asarray(sup_label) != NO_SUPPORT
     return keep
+
+
+def passes_bar(rel: np.ndarray, sup: np.ndarray, sup_label: np.ndarray, opts: RefuseOptions) -> np.ndarray:
+    """Bool per candidate: is its answer supported well enough to be given?"""
+    sup_label = np.asarray(sup_label)
+    return ((sup_label >= 0) & (sup_label != NO_SUPPORT) & (np.asarray(sup) > opts.sup_threshold)
+            & (np.asarray(rel) > opts.rel_threshold))
+
+
+def refusal_reason(rel: np.ndarray, sup: np.ndarray, sup_label: np.ndarray, opts: RefuseOptions) -> str:
+    """Why no candidate passed the bar, naming the first test that every candidate failed
+    (or, when each failed a different one, that no single candidate passed all three)."""
+    rel, sup, sup_label = np.asarray(rel), np.asarray(sup), np.asarray(sup_label)
+    if rel.size == 0:
+        return "no passages were found"
+    if not (rel > opts.rel_threshold).any():
+        return f"every passage judged irrelevant (max rel {rel.max():.3f} <= {opts.rel_threshold})"
+    judged = (sup_label >= 0) & (sup_label != NO_SUPPORT)
+    if not judged.any():
+        return "no candidate judged supported (IsSup: No support / Contradictory, or none generated)"
+    if not (sup > opts.sup_threshold).any():
+        return f"support too weak (max sup {sup.max():.3f} <= {opts.sup_threshold})"
+    return "no candidate is both relevant and supported"
 
 
 # --- choosing the answer ----------------------------------------------------------------

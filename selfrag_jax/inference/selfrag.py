@@ -1,10 +1,18 @@
-"""Short-form Self-RAG over batches of questions (self-rag.md section 5).
+"""Short-form Self-RAG and the baselines, over batches of questions (self-rag.md section 5).
 
 Per batch: one prefill of all prompts gives each question's retrieve decision; then one
-segment step decodes every candidate row together: K passage rows for each question that
-retrieves, and a `prompt + [No Retrieval]` row only where that answer is needed (no
-retrieval, hard constraints that may drop every candidate, or `--cache`, which keeps both
-paths). Scores, constraints and the choice of answer follow `scoring`.
+segment step decodes every candidate row together. Pipelines differ only in the rows:
+- `selfrag`: K passage rows for each question that retrieves, and a `prompt + [No
+  Retrieval]` row only where that answer is needed (no retrieval, hard constraints that
+  may drop every candidate, or `--cache`, which keeps both paths). Scores, constraints and
+  the choice of answer follow `scoring`; optionally corrective re-retrieval rounds
+  (`corrective`) and honest refusal (`scoring.RefuseOptions`) on top.
+- `naive`: one row, `[Retrieval]` then all K passages as `<paragraph>...</paragraph>`.
+- `top1`: one row, the top passage exactly as Self-RAG's first candidate row.
+- `none`: the `[No Retrieval]` row.
+The baselines always (naive, top1) or never (none) retrieve and answer with their one row,
+control tokens stripped; the critique probabilities the step computes anyway are reported
+but never used.
 """
 
 from __future__ import annotations
@@ -15,10 +23,11 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from selfrag_jax import tokens as T
-from selfrag_jax.inference import scoring
-from selfrag_jax.inference.engine import Engine, Segments
+from selfrag_jax.inference import corrective, scoring
+from selfrag_jax.inference.corrective import CorrectiveOptions
+from selfrag_jax.inference.engine import ContextState, Engine, Segments
 from selfrag_jax.inference.items import Item, passage
-from selfrag_jax.inference.scoring import RetrieveOptions, ScoreOptions
+from selfrag_jax.inference.scoring import PIPELINES, RefuseOptions, RetrieveOptions, ScoreOptions
 
 RetrieveFn = Callable[[list[str], int], list[list[dict[str, Any]]]]
 PASSAGE_MARKERS = 3  # [Retrieval] <paragraph> ... </paragraph>
@@ -28,8 +37,11 @@ PASSAGE_MARKERS = 3  # [Retrieval] <paragraph> ... </paragraph>
 class GenerateOptions:
     task: str = "open"
     ndocs: int = 5
+    pipeline: str = "selfrag"
     retrieve: RetrieveOptions = field(default_factory=RetrieveOptions)
     score: ScoreOptions = field(default_factory=ScoreOptions)
+    refuse: RefuseOptions = field(default_factory=RefuseOptions)
+    corrective: CorrectiveOptions = field(default_factory=CorrectiveOptions)
     trace: bool = False
     keep_both_paths: bool = False  # decode retrieval and no-retrieval paths for every question
     # long form
@@ -37,13 +49,21 @@ class GenerateOptions:
     max_depth: int = 7
     static_passages: bool = False
 
+    def __post_init__(self):
+        if self.pipeline not in PIPELINES:
+            raise ValueError(f"pipeline {self.pipeline!r} is not one of {PIPELINES}")
+        if self.pipeline != "selfrag" and (self.refuse.enabled or self.corrective.enabled):
+            raise ValueError(f"refusal and re-retrieval judge with reflection scores: pipeline selfrag, "
+                             f"not {self.pipeline}")
+
 
 @dataclass
 class Row:
-    """One decoded candidate: its suffix ids, passage, and what the engine returned."""
+    """One decoded candidate: its suffix ids, passage(s), and what the engine returned."""
 
     suffix: list[int]
-    passage: dict[str, str] | None = None  # None for the no-retrieval row
+    passage: dict[str, str] | None = None  # None for the no-retrieval row; the first one for naive
+    passages: list[dict[str, str]] | None = None  # naive: every passage in the row
     dropped: int = 0  # passage tokens cut to fit the model
     ids: list[int] = field(default_factory=list)
     seq: float = 0.0
@@ -73,6 +93,16 @@ class QuestionResult:
     no_retrieval: Row | None = None
     chosen: int | None = None
     prediction: str = ""
+    found_nothing: bool = False  # decided to retrieve, but no passage came back
+    rounds: list[dict[str, Any]] = field(default_factory=list)  # corrective re-retrieval log
+    retry_tokens: int = 0  # tokens spent on extra rounds
+    retry_stopped: str | None = None  # why re-retrieval ended early
+    refused: bool = False
+    refusal_reason: str | None = None
+    latency_s: float = 0.0  # set by `run_batches`
+
+    def rows(self) -> list[Row]:
+        return self.candidates + ([self.no_retrieval] if self.no_retrieval else [])
 
 
 class ShortForm:
@@ -87,18 +117,16 @@ class ShortForm:
         prompts = [self.prompt_ids(it) for it in items]
         state = self.engine.prefill(prompts)
         greedy_retrieval = state.greedy == self.tok.control_id(T.RETRIEVAL)
-        retrieve = scoring.decide_retrieve(state.retrieve_logprobs, greedy_retrieval, self.opts.retrieve)
+        retrieve = self._decide(state, greedy_retrieval)
         results = [QuestionResult(it, p, state.retrieve_logprobs[i], bool(greedy_retrieval[i]), bool(retrieve[i]))
                    for i, (it, p) in enumerate(zip(items, prompts))]
-        self._attach_rows(results)
-        src, rows = [], []
-        for i, r in enumerate(results):
-            for row in r.candidates + ([r.no_retrieval] if r.no_retrieval else []):
-                src.append(i)
-                rows.append(row)
-        limits = [min(self.engine.max_new_tokens, self.max_len - len(results[i].prompt) - len(row.suffix))
-                  for i, row in zip(src, rows)]
-        fill_rows(rows, self.engine.decode(state, src, [row.suffix for row in rows], limits), self.tok)
+        if self.opts.pipeline == "selfrag":
+            self._attach_rows(results)
+        else:
+            self._attach_baseline_rows(results)
+        self._decode(state, results, [(i, row) for i, r in enumerate(results) for row in r.rows()])
+        if self.opts.corrective.enabled:
+            self._correct(state, results)
         for r in results:
             self._choose(r)
         return results
@@ -113,26 +141,47 @@ class ShortForm:
                              f"(the model allows {self.max_len})")
         return ids
 
+    def _decide(self, state: ContextState, greedy_retrieval: np.ndarray) -> np.ndarray:
+        pipeline = self.opts.pipeline
+        if pipeline == "selfrag":
+            return scoring.decide_retrieve(state.retrieve_logprobs, greedy_retrieval, self.opts.retrieve)
+        return np.full(len(greedy_retrieval), pipeline in ("naive", "top1"))
+
     def _attach_rows(self, results: list[QuestionResult]) -> None:
         both = self.opts.keep_both_paths
         need = [r for r in results if r.retrieved or both]
         for r, ctxs in zip(need, self.passages([r.item for r in need])):
             r.candidates = [self.passage_row(r.prompt, passage(c, f"{r.item.id}:{j}")) for j, c in enumerate(ctxs)]
             if not r.candidates:
-                r.retrieved = False
-        sc = self.opts.score
+                r.found_nothing, r.retrieved = r.retrieved, False
+        sc, refuse = self.opts.score, self.opts.refuse.enabled
         for r in results:
-            if both or not r.retrieved or sc.drop_irrelevant or sc.drop_no_support:
+            if both or not r.retrieved or ((sc.drop_irrelevant or sc.drop_no_support) and not refuse):
+                r.no_retrieval = Row([self.tok.control_id(T.NO_RETRIEVAL)])
+
+    def _attach_baseline_rows(self, results: list[QuestionResult]) -> None:
+        need = [r for r in results if r.retrieved]
+        for r, ctxs in zip(need, self.passages([r.item for r in need])):
+            psgs = [passage(c, f"{r.item.id}:{j}") for j, c in enumerate(ctxs)]
+            if not psgs:
+                r.found_nothing, r.retrieved = True, False
+            elif self.opts.pipeline == "top1":
+                r.candidates = [self.passage_row(r.prompt, psgs[0])]
+            else:
+                r.candidates = [self.naive_row(r.prompt, psgs)]
+        for r in results:
+            if not r.retrieved:
                 r.no_retrieval = Row([self.tok.control_id(T.NO_RETRIEVAL)])
 
     def passages(self, items: Sequence[Item]) -> list[list[dict[str, Any]]]:
-        """Top `ndocs` passages per item: its `ctxs`, else the retriever's."""
-        out = [it.ctxs[: self.opts.ndocs] if it.ctxs is not None else None for it in items]
+        """Top `ndocs` passages per item (top 1 for `top1`): its `ctxs`, else the retriever's."""
+        k = 1 if self.opts.pipeline == "top1" else self.opts.ndocs
+        out = [it.ctxs[:k] if it.ctxs is not None else None for it in items]
         missing = [i for i, c in enumerate(out) if c is None]
         if missing and self.retrieve_fn is None:
             raise ValueError(f"{items[missing[0]].where}: no 'ctxs' and no retriever (--index or --retriever-url)")
         if missing:
-            for i, hits in zip(missing, self.retrieve_fn([items[i].question for i in missing], self.opts.ndocs)):
+            for i, hits in zip(missing, self.retrieve_fn([items[i].question for i in missing], k)):
                 out[i] = hits
         return out
 
@@ -144,12 +193,110 @@ class ShortForm:
         body = ids[2:-1]
         return Row(ids[:2] + body[:budget] + ids[-1:], psg, dropped=max(0, len(body) - budget))
 
+    def naive_row(self, context: list[int], psgs: list[dict[str, str]]) -> Row:
+        """`[Retrieval]` then every passage as `<paragraph>title\\ntext</paragraph>` in rank
+        order; what does not fit the model is cut from the end."""
+        ids = [self.tok.control_id(T.RETRIEVAL)]
+        budget = self.max_len - len(context) - self.engine.max_new_tokens
+        dropped = 0
+        for psg in psgs:
+            enc = self.tok.encode_passage(psg["title"], psg["text"], retrieval_token=False)
+            room = budget - len(ids) - 2
+            body = enc[1:-1][: max(0, room)]
+            if room > 0:
+                ids += enc[:1] + body + enc[-1:]
+            dropped += len(enc) - 2 - len(body)
+        return Row(ids, psgs[0], passages=psgs, dropped=dropped)
+
+    def _decode(self, state: ContextState, results: list[QuestionResult], pairs: list[tuple[int, Row]]) -> None:
+        """Decode (question, row) pairs in one segment step on the prefilled prompts."""
+        if not pairs:
+            return
+        rows = [row for _, row in pairs]
+        limits = [min(self.engine.max_new_tokens, self.max_len - len(results[i].prompt) - len(row.suffix))
+                  for i, row in pairs]
+        fill_rows(rows, self.engine.decode(state, [i for i, _ in pairs], [row.suffix for row in rows], limits),
+                  self.tok)
+
+    # --- corrective re-retrieval ---------------------------------------------------------
+    def _correct(self, state: ContextState, results: list[QuestionResult]) -> None:
+        """Extra rounds for the questions whose every passage was judged irrelevant."""
+        c = self.opts.corrective
+        for r in results:
+            if r.retrieved:
+                first = "ctxs" if r.item.ctxs is not None else "retriever"
+                r.rounds = [self._round_log(1, r.item.question if first == "retriever" else None, first,
+                                            self.opts.ndocs, r.candidates)]
+        for number in range(2, c.max_rounds + 1):
+            todo = [i for i, r in enumerate(results) if r.retrieved and r.retry_stopped is None
+                    and corrective.all_irrelevant(rel_scores(r.candidates), c.rel_threshold)]
+            if not todo:
+                break
+            k = corrective.round_k(self.opts.ndocs, number)
+            pairs, added = [], []
+            for i, (query, source, pool) in zip(todo, self._pools([results[i] for i in todo], k, number)):
+                rows = self._new_rows(results[i], pool)
+                if rows:
+                    results[i].candidates.extend(rows)
+                    pairs += [(i, row) for row in rows]
+                    added.append((results[i], query, source, rows))
+            self._decode(state, results, pairs)
+            for r, query, source, rows in added:
+                r.retry_tokens += sum(len(row.suffix) + len(row.ids) for row in rows)
+                r.rounds.append(self._round_log(number, query, source, k, rows))
+
+    def _pools(self, results: list[QuestionResult], k: int, number: int):
+        """(query, source, passages) per question: the retriever's top k for the rewritten
+        query, or, without a retriever, the item's top k `ctxs`."""
+        c = self.opts.corrective
+        if self.retrieve_fn is None:
+            return [(None, "ctxs", [passage(x, f"{r.item.id}:{j}") for j, x in enumerate((r.item.ctxs or [])[:k])])
+                    for r in results]
+        queries = [corrective.rewrite_query(r.item.question, best_text(r, self.opts.score), c.query) for r in results]
+        hits = self.retrieve_fn(queries, k)
+        return [(q, "retriever", [passage(h, f"{r.item.id}:r{number}.{j}") for j, h in enumerate(hs)])
+                for q, r, hs in zip(queries, results, hits)]
+
+    def _new_rows(self, r: QuestionResult, pool: list[dict[str, str]]) -> list[Row]:
+        """Up to `ndocs` unseen passages of the pool, as many as the token budget allows."""
+        seen = {c.passage["id"] for c in r.candidates}
+        fresh = [p for p in pool if p["id"] not in seen][: self.opts.ndocs]
+        rows = [self.passage_row(r.prompt, p) for p in fresh]
+        costs = [len(row.suffix) + self.engine.max_new_tokens for row in rows]
+        rows = rows[: corrective.fit_budget(costs, self.opts.corrective.token_budget - r.retry_tokens)]
+        if not rows:
+            r.retry_stopped = "token budget" if fresh else "no new passages"
+        return rows
+
+    @staticmethod
+    def _round_log(number: int, query: str | None, source: str, k: int, rows: list[Row]) -> dict[str, Any]:
+        rel = rel_scores(rows)
+        return {"round": number, "query": query, "source": source, "k": k,
+                "passages": [row.passage["id"] for row in rows], "max_rel": float(rel.max()) if rel.size else 0.0}
+
+    # --- the answer --------------------------------------------------------------------
     def _choose(self, r: QuestionResult) -> None:
-        if r.retrieved:
-            finals = candidate_scores(r.candidates, self.opts.score)["final"]
-            keep = scoring.allowed(np.array([c.rel_label for c in r.candidates]),
-                                   np.array([c.sup_label for c in r.candidates]), self.opts.score)
-            r.chosen = scoring.choose([c.text for c in r.candidates], finals, keep, self.opts.task)
+        pipeline, refuse = self.opts.pipeline, self.opts.refuse
+        passing = None
+        if pipeline != "selfrag":
+            r.chosen = 0 if r.candidates else None
+        elif r.retrieved:
+            sc = candidate_scores(r.candidates, self.opts.score)
+            sup_label = np.array([c.sup_label for c in r.candidates])
+            keep = scoring.allowed(np.array([c.rel_label for c in r.candidates]), sup_label, self.opts.score)
+            if refuse.enabled:
+                passing = scoring.passes_bar(sc["rel"], sc["sup"], sup_label, refuse)
+                keep &= passing
+            r.chosen = scoring.choose([c.text for c in r.candidates], sc["final"], keep, self.opts.task)
+        if refuse.enabled and r.chosen is None and (r.retrieved or r.found_nothing):
+            r.refused, r.prediction = True, refuse.message
+            if passing is None:
+                r.refusal_reason = "no passages were found"
+            elif passing.any():
+                r.refusal_reason = "the hard constraints dropped every supported candidate"
+            else:
+                r.refusal_reason = scoring.refusal_reason(sc["rel"], sc["sup"], sup_label, refuse)
+            return
         r.prediction = r.candidates[r.chosen].text if r.chosen is not None else r.no_retrieval.text
 
 
@@ -165,27 +312,43 @@ def fill_rows(rows: list[Row], seg: Segments, tok) -> None:
         row.text = tok.decode(row.ids, skip_control=True).strip()
 
 
+def rel_scores(rows: Sequence[Row]) -> np.ndarray:
+    return scoring.rel_score(np.array([r.rel_probs for r in rows]).reshape(-1, 2))
+
+
 def candidate_scores(rows: Sequence[Row], opts: ScoreOptions) -> dict[str, np.ndarray]:
     """seq, rel, sup, use and final per row, as self-rag.md section 5 defines them."""
     seq = np.array([r.seq for r in rows])
-    rel = scoring.rel_score(np.array([r.rel_probs for r in rows]).reshape(-1, 2))
+    rel = rel_scores(rows)
     sup = scoring.sup_score(np.array([r.sup_probs for r in rows]).reshape(-1, 3), np.array([r.sup_found for r in rows]))
     use = scoring.use_score(np.array([r.use_probs for r in rows]).reshape(-1, 5), np.array([r.use_found for r in rows]))
     return {"seq": seq, "rel": rel, "sup": sup, "use": use, "final": scoring.final_score(seq, rel, sup, use, opts)}
 
 
+def best_text(r: QuestionResult, opts: ScoreOptions) -> str:
+    """The text of the best-scoring candidate so far (the model's own answer)."""
+    if not r.candidates:
+        return ""
+    return r.candidates[int(np.argmax(candidate_scores(r.candidates, opts)["final"]))].text
+
+
 def output_record(r: QuestionResult, opts: GenerateOptions) -> dict[str, Any]:
-    """The JSON line of interfaces.md (`generate`)."""
+    """The JSON line of interfaces.md (`generate`), plus the pipeline, refusal and rounds."""
     scores = candidate_scores(r.candidates, opts.score)
     cands = []
     for j, c in enumerate(r.candidates):
         cand = {"passage": c.passage, "text": c.text,
                 "scores": {k: float(v[j]) for k, v in scores.items()}}
+        if c.passages is not None:
+            cand["passages"] = c.passages
         if opts.trace:
             cand.update(prompt_token_ids=r.prompt + c.suffix, token_ids=c.ids, passage_tokens_dropped=c.dropped)
         cands.append(cand)
     out = {"id": r.item.id, "question": r.item.question, "prediction": r.prediction, "retrieved": r.retrieved,
-           "p_retrieve": float(scoring.paper_ratio(r.retrieve_logprobs)), "candidates": cands, "chosen": r.chosen}
+           "p_retrieve": float(scoring.paper_ratio(r.retrieve_logprobs)), "candidates": cands, "chosen": r.chosen,
+           "pipeline": opts.pipeline, "refused": r.refused, "refusal_reason": r.refusal_reason}
+    if opts.corrective.enabled:
+        out.update(rounds=r.rounds, retry_stopped=r.retry_stopped, retry_tokens=r.retry_tokens)
     if opts.trace:
         out["prompt_token_ids"] = r.prompt
         out["retrieve_probs"] = dict(zip(T.RETRIEVE_GROUP, np.exp(r.retrieve_logprobs).tolist()))
