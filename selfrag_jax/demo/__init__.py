@@ -12,7 +12,7 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
                             help="training budget: full (shipped models) or reduced (~45 min) [full]")
         parser.add_argument("--no-export", action="store_true", help="do not copy the models into the package")
         return
-    from selfrag_jax.demo.run import add_demo_arguments
+    from selfrag_jax.demo.demo import add_demo_arguments
 
     add_demo_arguments(parser)
 
@@ -25,6 +25,6 @@ def run(args: argparse.Namespace) -> int:
 
         Stages(Path(args.out), args.budget).run_all(export=not args.no_export)
         return 0
-    from selfrag_jax.demo.run import run_demo
+    from selfrag_jax.demo.demo import run_demo
 
     return run_demo(args)

@@ -31,6 +31,7 @@ BUDGETS = {
 class Stages:
     out: Path
     budget: str = "full"
+    encoder: str | None = None  # HF BERT folder for the index (default: the bundled MiniLM)
     log: object = print
 
     def done(self, name: str) -> bool:
@@ -59,8 +60,9 @@ class Stages:
     def index(self):
         from selfrag_jax.retrieval.build import BuildConfig, build_index_folder
 
+        extra = {"encoder": self.encoder} if self.encoder else {}
         build_index_folder(BuildConfig(passages=str(self.out / "world" / "passages.jsonl"),
-                                       out=str(self.out / "index")), log=self.log)
+                                       out=str(self.out / "index"), **extra), log=self.log)
 
     def train(self, name: str, overrides: list[str]):
         from selfrag_jax.training.config import load_config

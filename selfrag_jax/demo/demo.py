@@ -40,6 +40,7 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--retrain", action="store_true",
                         help="first rerun the whole pipeline at a reduced budget (~45 min on 2 cores)")
     parser.add_argument("--batch-size", type=int, default=32, help="questions per engine call [32]")
+    parser.add_argument("--encoder", default=None, help="HF BERT folder for the index [the bundled MiniLM]")
 
 
 def match(prediction: str, answers: list[str]) -> float:
@@ -196,12 +197,12 @@ def run_demo(args: argparse.Namespace) -> int:
     models = Path(args.models) if args.models else ASSETS
     if not (models / "generator" / "config.json").exists():
         raise CLIError(f"{models}: no bundled models (generator/, critic/); run `make train-default` first")
-    stages = Stages(work)
+    stages = Stages(work, encoder=args.encoder)
     stages.stage("world", stages.world)
     stages.stage("index", stages.index)
     runs = {"shipped": models}
     if args.retrain:
-        retrain = Stages(work / "retrain", budget="reduced")
+        retrain = Stages(work / "retrain", budget="reduced", encoder=args.encoder)
         retrain.run_all(export=False)
         retrain.stage("export", lambda: retrain.export(work / "retrain" / "models"))
         runs["retrained"] = work / "retrain" / "models"

@@ -1,0 +1,48 @@
+"""The demo's machinery end to end (a fast variant): world, index, four settings, critic
+agreement, report files. Uses tiny random models and a tiny random encoder, so it checks
+the plumbing, not the numbers (those come from the shipped models' report)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from test_retrieval_support import make_tiny_bert
+
+from selfrag_jax.cli import main
+from selfrag_jax.demo.demo import SETTINGS, TASKS
+
+
+@pytest.mark.slow
+def test_demo_fast_variant(tmp_path, capsys):
+    from selfrag_jax.models.config import preset
+    from selfrag_jax.models.hf import export_hf
+    from selfrag_jax.models.llama import init_params
+    from selfrag_jax.tokenizer import SelfRAGTokenizer
+    from selfrag_jax.world import build_world
+
+    work = tmp_path / "work"
+    build_world(str(work / "world"))
+    (work / "world.done").write_text("{}")
+    tok = SelfRAGTokenizer.from_pretrained(work / "world" / "tokenizer")
+    tok.save(tmp_path / "tok")
+    config = preset("tiny", vocab_size=len(tok), eos_token_id=tok.eos_id, bos_token_id=tok.bos_id)
+    for seed, name in enumerate(("generator", "critic")):
+        export_hf(init_params(config, seed), config, tmp_path / "models" / name, tokenizer_dir=tmp_path / "tok")
+    encoder = make_tiny_bert(tmp_path / "bert")
+    rc = main(["demo", "--workdir", str(work), "--models", str(tmp_path / "models"), "--encoder", str(encoder),
+               "--limit", "4", "--batch-size", "4"])
+    assert rc == 0
+    report = json.loads((work / "report.json").read_text())
+    assert set(report["tasks"]) == set(TASKS)
+    for rows in report["tasks"].values():
+        assert set(rows) == set(SETTINGS)
+        for row in rows.values():
+            assert row["n"] == 4 and 0 <= row["accuracy"] <= 1 and 0 <= row["retrieval_frequency"] <= 1
+        assert rows["always_top1"]["retrieval_frequency"] == 1 and rows["no_retrieval"]["retrieval_frequency"] == 0
+    assert set(report["critic_agreement"]) == {"retrieve_input", "retrieve_sentence", "isrel", "issup", "isuse"}
+    assert report["seconds"] > 0
+    assert (work / "report.md").read_text().startswith("# Self-RAG demo")
+    assert (work / "accuracy.png").stat().st_size > 1000
+    out = capsys.readouterr().out
+    assert "A traced example" in out and "selfrag_no_issup" in out
