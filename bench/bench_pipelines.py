@@ -1,0 +1,253 @@
+"""Self-RAG against the baselines in the same engine: latency, and the bundled-world numbers.
+
+`python -m bench.bench_pipelines [--small]` -> bench/results/pipelines[_small].json
+    Latency of short-form Self-RAG against naive RAG on the same model (the 125M Llama
+    shape, random weights), the same questions and the same K passages, in the same run,
+    for K = 5 and 10; top1 and none beside them. Self-RAG runs with mode always (K
+    candidate rows per question, all decoded in one compiled step); naive RAG decodes one
+    row per question with the K passages concatenated. Goal: Self-RAG at most 1.3x naive.
+    A word-level tokenizer over the preset's full vocabulary stands in for text (one word,
+    one token), so prompts and passages have the lengths the workload says. Random
+    weights rarely emit a boundary token, so every row decodes `new_tokens`: the worst
+    case for Self-RAG, whose K rows each generate where naive RAG's one row does.
+
+`python -m bench.bench_pipelines --world --model DIR --index DIR [--world-dir DIR]`
+    -> bench/results/pipelines_world.json: the bundled-world numbers with the trained
+    generator (the index folder's passages file locates the world unless --world-dir):
+    1. honest refusal: on world_qa + world_unanswerable, selfrag vs selfrag+refuse.
+       Goals: >= 80% of unanswerable questions refused; answerable accuracy within 5 points.
+    2. corrective re-retrieval: world_qa with passages from the index (clean), then with
+       every passage of the asked person replaced by the next-ranked passages of others
+       (distractors, as static `ctxs`), selfrag vs selfrag+crag (extra rounds from the
+       index). Goal: CRAG recovers at least half of the accuracy the distractors cost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.common import machine_info, median_time, now, versions, write_result
+
+os.environ.setdefault("SELFRAG_NO_PROGRESS", "1")
+PIPELINES = ("selfrag", "naive", "top1", "none")
+GOAL_RATIO = 1.3
+
+
+@dataclass(frozen=True)
+class Workload:
+    preset: str
+    questions: int
+    ks: tuple[int, ...]
+    prompt_words: tuple[int, int]  # min, max
+    passage_words: int
+    new_tokens: int
+    repeats: int
+
+
+FULL = Workload("llama-125m", 32, (5, 10), (20, 60), 100, 24, 3)
+SMALL = Workload("tiny", 4, (5, 10), (5, 10), 12, 6, 3)
+
+
+# --- latency: Self-RAG vs naive RAG on random weights ------------------------------------------
+def word_tokenizer(base_vocab: int):
+    """A Self-RAG tokenizer whose base vocabulary is the words w3..w{base_vocab-1}."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from selfrag_jax.tokenizer import SelfRAGTokenizer
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, base_vocab)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    return SelfRAGTokenizer(hf)
+
+
+def make_items(w: Workload, k: int, base_vocab: int, seed: int = 0):
+    from selfrag_jax.inference.items import parse_item
+
+    rng = random.Random(seed)
+
+    def words(n: int) -> str:
+        return " ".join(f"w{rng.randrange(3, base_vocab)}" for _ in range(n))
+
+    items = []
+    for q in range(w.questions):
+        ctxs = [{"id": f"p{q}.{j}", "title": words(2), "text": words(w.passage_words - 2)} for j in range(k)]
+        record = {"id": str(q), "question": words(rng.randint(*w.prompt_words)), "ctxs": ctxs}
+        items.append(parse_item(json.dumps(record), f"bench:{q + 1}"))
+    return items
+
+
+def latency(w: Workload) -> dict[str, Any]:
+    from selfrag_jax.inference.engine import ControlIds, Engine
+    from selfrag_jax.inference.scoring import RetrieveOptions
+    from selfrag_jax.inference.selfrag import GenerateOptions, ShortForm
+    from selfrag_jax.models.config import preset
+    from selfrag_jax.models.llama import init_params
+
+    config = preset(w.preset)
+    tok = word_tokenizer(config.vocab_size - 16)
+    assert len(tok) == config.vocab_size, (len(tok), config.vocab_size)
+    engine = Engine(init_params(config, 0), config, ControlIds.from_tokenizer(tok), w.new_tokens)
+    by_k: dict[str, Any] = {}
+    for k in w.ks:
+        items = make_items(w, k, config.vocab_size - 16, seed=k)
+        rows = {}
+        for pipeline in PIPELINES:
+            mode = RetrieveOptions(mode="always") if pipeline == "selfrag" else RetrieveOptions()
+            runner = ShortForm(engine, tok, GenerateOptions(ndocs=k, pipeline=pipeline, retrieve=mode))
+            runner.run(items)  # compile this pipeline's shapes
+            prefill, decode = engine.tokens.prefill, engine.tokens.decode
+            median, times = median_time(lambda: runner.run(items), w.repeats)
+            rows[pipeline] = {"median_s": median, "times_s": times, "per_question_ms": 1e3 * median / w.questions,
+                              "prefill_tokens": (engine.tokens.prefill - prefill) // w.repeats,
+                              "decode_tokens": (engine.tokens.decode - decode) // w.repeats}
+        rows["selfrag_over_naive"] = rows["selfrag"]["median_s"] / rows["naive"]["median_s"]
+        by_k[str(k)] = rows
+    return {"by_k": by_k, "compiled_programs": engine.compiled_programs()}
+
+
+def latency_summary(result: dict[str, Any], small: bool) -> list[dict[str, Any]]:
+    rows = []
+    for k, r in result["by_k"].items():
+        ratio = r["naive"]["median_s"] / r["selfrag"]["median_s"]
+        rows.append({"what": f"Self-RAG vs naive RAG, same engine, K={k}{' (small)' if small else ''}",
+                     "ours": f"{r['selfrag']['median_s']:.3g} s", "peer": f"{r['naive']['median_s']:.3g} s",
+                     "ratio": ratio, "goal": f"ratio >= {1 / GOAL_RATIO:.3f} (Self-RAG <= {GOAL_RATIO}x naive)",
+                     "met": ratio >= 1 / GOAL_RATIO})
+    return rows
+
+
+# --- the bundled world: refusal and corrective re-retrieval ------------------------------------
+def world_args(model: str, index: str, extra: list[str]) -> argparse.Namespace:
+    """`compare`'s own flags and defaults, so the numbers are what the command gives."""
+    from selfrag_jax.inference import compare
+
+    parser = argparse.ArgumentParser()
+    compare.add_arguments(parser)
+    return parser.parse_args(["--pipelines", "selfrag,naive", "--input", "-", "--model", model, "--index", index,
+                              *extra])
+
+
+def read_jsonl(path: Path, limit: int) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()][:limit]
+
+
+def with_distractors(records: list[dict[str, Any]], retrieve, entities: dict[str, dict[str, Any]], k: int):
+    """Each record with static `ctxs`: the index's top passages for its question minus
+    every passage of the asked person (and the gold ones), i.e. look-alike distractors."""
+    hits = retrieve([r["question"] for r in records], k + 20)
+    out = []
+    for rec, hs in zip(records, hits):
+        meta = rec.get("meta", {})
+        banned = set(meta.get("gold_passage_ids", []))
+        for eid in meta.get("entity_ids", []):
+            banned.update(entities.get(eid, {}).get("passage_ids", []))
+        ctxs = [{"id": h["id"], "title": h["title"], "text": h["text"]} for h in hs if h["id"] not in banned][:k]
+        out.append({**rec, "ctxs": ctxs})
+    return out
+
+
+def world(args: argparse.Namespace) -> dict[str, Any]:
+    from selfrag_jax.inference.cli import Session
+    from selfrag_jax.inference.compare import PipelineSpec, compare
+    from selfrag_jax.inference.items import parse_item
+    from selfrag_jax.inference.report import WorldFactJudge
+
+    world_dir = Path(args.world_dir) if args.world_dir else world_of_index(Path(args.index))
+    extra = ["--ndocs", str(args.ndocs), "--max-new-tokens", str(args.max_new_tokens),
+             "--batch-size", str(args.batch_size), "--max-rounds", str(args.max_rounds), "--task", "open"]
+    cargs = world_args(args.model, args.index, extra)
+    session = Session.load(cargs)
+    judge = WorldFactJudge.from_world(world_dir)
+    entities = {json.loads(line)["id"]: json.loads(line)
+                for line in (world_dir / "entities.jsonl").read_text().splitlines() if line.strip()}
+    qa = read_jsonl(world_dir / "eval" / "world_qa.jsonl", args.n)
+    un = read_jsonl(world_dir / "eval" / "world_unanswerable.jsonl", args.n)
+    distracted = with_distractors(qa, session.retrieve_fn, entities, args.ndocs)
+
+    def items(records):
+        return [parse_item(json.dumps(r), f"world:{i + 1}", "open") for i, r in enumerate(records)]
+
+    def run(records, names):
+        return compare(session, items(records), [PipelineSpec.parse(n) for n in names], cargs, judge, warmup=False)
+
+    refusal = run(qa + un, ("selfrag", "selfrag+refuse"))
+    clean = run(qa, ("selfrag",))["selfrag"]
+    crag = run(distracted, ("selfrag", "selfrag+crag"))
+    acc_drop = refusal["selfrag"]["accuracy"] - refusal["selfrag+refuse"]["accuracy"]
+    refused_un = refusal["selfrag+refuse"]["refusal_rate_unanswerable"]
+    lost = clean["accuracy"] - crag["selfrag"]["accuracy"]
+    recovered = crag["selfrag+crag"]["accuracy"] - crag["selfrag"]["accuracy"]
+    share = recovered / lost if lost > 0 else None
+    summary = [
+        {"what": "world: unanswerable questions refused (selfrag+refuse)", "ours": f"{refused_un:.1%}",
+         "peer": f"{refusal['selfrag']['refusal_rate_unanswerable']:.1%} (selfrag)", "ratio": None,
+         "goal": "refused >= 80%", "met": refused_un >= 0.8},
+        {"what": "world: answerable accuracy, selfrag+refuse vs selfrag",
+         "ours": f"{refusal['selfrag+refuse']['accuracy']:.1%}", "peer": f"{refusal['selfrag']['accuracy']:.1%}",
+         "ratio": None, "goal": "drop <= 5 points", "met": acc_drop <= 0.05},
+        {"what": "world: distractor passages, accuracy recovered by selfrag+crag",
+         "ours": f"{crag['selfrag+crag']['accuracy']:.1%}",
+         "peer": f"{crag['selfrag']['accuracy']:.1%} distracted, {clean['accuracy']:.1%} clean",
+         "ratio": share, "goal": "recovered >= half of the lost accuracy",
+         "met": share is not None and share >= 0.5},
+    ]
+    return {"world_dir": str(world_dir), "model": args.model, "index": args.index, "n_per_set": args.n,
+            "refusal": refusal, "clean": clean, "distractors": crag,
+            "accuracy_drop_from_refusal": acc_drop, "crag_lost": lost, "crag_recovered": recovered,
+            "summary": summary}
+
+
+def world_of_index(index: Path) -> Path:
+    """The world folder an index was built from (its manifest names the passages file)."""
+    manifest = json.loads((index / "manifest.json").read_text())
+    folder = Path(manifest.get("source", "")).parent
+    if not (folder / "entities.jsonl").exists():
+        raise SystemExit(f"{index}: cannot find the world folder of its passages ({folder}); give --world-dir")
+    return folder
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--small", action="store_true", help="tiny shapes: checks that the benchmark runs")
+    parser.add_argument("--world", action="store_true", help="the bundled-world numbers (needs trained models)")
+    parser.add_argument("--model", help="--world: the trained generator")
+    parser.add_argument("--index", help="--world: the index of the world's passages")
+    parser.add_argument("--world-dir", help="--world: the world folder (default: where the index's passages are)")
+    parser.add_argument("--n", type=int, default=200, help="--world: questions per eval set")
+    parser.add_argument("--ndocs", type=int, default=5)
+    parser.add_argument("--max-new-tokens", type=int, default=24)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--max-rounds", type=int, default=2)
+    args = parser.parse_args(argv)
+    result: dict[str, Any] = {"date": now(), "machine": machine_info(), "versions": versions("transformers")}
+    if args.world:
+        if not (args.model and args.index):
+            parser.error("--world needs --model and --index")
+        result.update(world(args))
+        name = "pipelines_world"
+    else:
+        w = SMALL if args.small else FULL
+        result["workload"] = asdict(w)
+        result.update(latency(w))
+        result["summary"] = latency_summary(result, args.small)
+        name = "pipelines_small" if args.small else "pipelines"
+    path = write_result(name, result)
+    for row in result["summary"]:
+        print(f"{row['what']}: {row['ours']} vs {row['peer']}"
+              + (f", ratio {row['ratio']:.3g}" if row["ratio"] is not None else "")
+              + (f" [{row['goal']}: {'met' if row['met'] else 'not met'}]" if row["goal"] else ""))
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
