@@ -1,12 +1,13 @@
 """QPS at recall@10 >= 0.95: ScaNN (automatic parameters) vs exact search vs FAISS HNSW.
 
     python -m bench.bench_retrieval_index            # 1,000,000 x 384 (minutes, ~8 GB)
-    python -m bench.bench_retrieval_index --small    # 50,000 x 384, a quick correctness run
+    python -m bench.bench_retrieval_index --small    # 100,000 x 384 (the smallest with a tree)
 
 Data: unit vectors in clusters (real embeddings cluster by topic), held-out points as
 queries. Ground truth and the exact baseline: `ExactIndex` (blocked jitted matmul + top-k).
-ScaNN keeps its automatic build parameters and searches the fewest leaves that reach the
-target recall; FAISS HNSW (M 32, efConstruction 80) the smallest efSearch that does.
+ScaNN keeps its automatic build parameters (optionally with SOAR) and, per re-scoring
+depth, searches the fewest leaves that reach the target recall (the fastest such point
+counts); FAISS HNSW (M 32, efConstruction 80) the smallest efSearch that does.
 QPS is batched (all queries in one call), the median of --repeats runs.
 Writes bench/results/retrieval_index[_small].json.
 """
@@ -27,8 +28,8 @@ from selfrag_jax.retrieval.synthetic import clustered_vectors, recall_at_k, spli
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--small", action="store_true", help="50k vectors, 500 queries")
-    parser.add_argument("--n", type=int, help="database vectors (default 1,000,000; 50,000 with --small)")
+    parser.add_argument("--small", action="store_true", help="100k vectors, 500 queries")
+    parser.add_argument("--n", type=int, help="database vectors (default 1,000,000; 100,000 with --small)")
     parser.add_argument("--dim", type=int, default=384)
     parser.add_argument("--clusters", type=int, help="default n / 100: more clusters than tree leaves, so neighbours straddle leaves")
     parser.add_argument("--spread", type=float, default=1.0, help="cluster noise (larger: harder)")
@@ -37,8 +38,9 @@ def main() -> None:
     parser.add_argument("--target-recall", type=float, default=0.95)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no-faiss", action="store_true")
+    parser.add_argument("--soar-lambda", type=float, help="build ScaNN with SOAR spilling (e.g. 1.5): more recall per leaf")
     args = parser.parse_args()
-    n = args.n or (50_000 if args.small else 1_000_000)
+    n = args.n or (100_000 if args.small else 1_000_000)
     n_queries = args.queries or (500 if args.small else 2_000)
     clusters = args.clusters or max(10, n // 100)
     threads = os.cpu_count() or 1
@@ -100,7 +102,8 @@ def summary(result: dict) -> list[dict]:
 
 def bench_scann(db: np.ndarray, queries: np.ndarray, truth: np.ndarray, args) -> dict:
     t0 = time.perf_counter()
-    index: ScannIndex = build_index(db, "scann", normalized=True)
+    overrides = {"soar_lambda": args.soar_lambda} if args.soar_lambda else {}
+    index: ScannIndex = build_index(db, "scann", normalized=True, overrides=overrides)
     build_s = time.perf_counter() - t0
     params = index.params
     # Per re-scoring depth, the fewest leaves reaching the target (search-time knobs, as
@@ -138,7 +141,7 @@ def bench_faiss(db: np.ndarray, queries: np.ndarray, truth: np.ndarray, args, th
     index.add(db)
     build_s = time.perf_counter() - t0
     sweep = []
-    for ef in (16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512):
+    for ef in (10, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512):  # FAISS searches max(ef, k)
         index.hnsw.efSearch = ef
         index.search(queries, args.k)  # warm-up
         recall = recall_at_k(index.search(queries, args.k)[1], truth)
