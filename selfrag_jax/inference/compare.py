@@ -46,7 +46,8 @@ class PipelineSpec:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pipelines", required=True,
-                   help="comma-separated: selfrag, selfrag+refuse, selfrag+crag, selfrag+refuse+crag, naive, top1, none")
+                   help="comma-separated, of: selfrag, selfrag+refuse, selfrag+crag, selfrag+refuse+crag, "
+                        "naive, top1, none")
     p.add_argument("--model", required=True, help="checkpoint of this project or Hugging Face Llama folder")
     p.add_argument("--input", required=True, help="JSON lines: question, answers?, answerable?, ctxs?, meta?")
     add_engine_arguments(p)
@@ -69,10 +70,10 @@ def run(args: argparse.Namespace) -> int:
     specs = [PipelineSpec.parse(n) for n in args.pipelines.split(",") if n.strip()]
     if len(specs) < 2 or len({s.name for s in specs}) != len(specs):
         raise CLIError("--pipelines needs at least two different pipelines, e.g. selfrag,naive")
-    args.pipeline, args.refuse, args.cache = "selfrag", None, None
-    check_arguments(args, CLIError)
     if args.long_form:
         raise CLIError("compare runs short-form pipelines (no --long-form)")
+    args.pipeline, args.refuse, args.cache = "selfrag", None, None
+    check_arguments(args, CLIError)
     judge = make_judge(args)
     items = read_items(args.input, args.task)
     session = Session.load(args)

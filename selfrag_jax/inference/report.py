@@ -34,23 +34,20 @@ def cost_report(records: list[dict[str, Any]], latencies: Sequence[float], token
                 seconds: float) -> dict[str, Any]:
     """Rates, latency and tokens of one run (`tokens`: the engine's `TokenCount`)."""
     n = max(len(records), 1)
-    lat = np.asarray(latencies, np.float64)
+    lat = np.asarray(list(latencies) or [0.0], np.float64)
     return {
         "n": len(records),
         "retrieval_rate": sum(bool(r.get("retrieved")) for r in records) / n,
         "retry_rate": sum(len(r.get("rounds", [])) > 1 for r in records) / n,
         "refusal_rate": sum(bool(r.get("refused")) for r in records) / n,
-        "latency_s": {"p50": _percentile(lat, 50), "p95": _percentile(lat, 95), "mean": float(lat.mean()) if lat.size else 0.0},
+        "latency_s": {"p50": float(np.percentile(lat, 50)), "p95": float(np.percentile(lat, 95)),
+                      "mean": float(lat.mean())},
         "latency_method": ("measured per question (batch size 1)" if batch_size == 1 else
                            f"wall time of each batch (up to {batch_size} questions) divided among its questions"),
         "tokens": {"prefill": tokens.prefill, "decode": tokens.decode, "total": tokens.total,
                    "per_question": tokens.total / n},
         "seconds": seconds,
     }
-
-
-def _percentile(values: np.ndarray, q: float) -> float:
-    return float(np.percentile(values, q)) if values.size else 0.0
 
 
 class SupportJudge(Protocol):
