@@ -207,7 +207,7 @@ def irrelevant_model(tmp_path_factory):
 def test_forced_models_emit_the_chain(supported_model, irrelevant_model):
     for (engine, tok), first, sup in ((supported_model, T.RELEVANT, T.FULLY_SUPPORTED),
                                       (irrelevant_model, T.IRRELEVANT, T.NO_SUPPORT)):
-        rec = run_pipeline(engine, tok, make_items(2, seed=3, k=2), retrieve=ALWAYS, ndocs=2)[0]
+        rec = run_pipeline(engine, tok, make_items(3, seed=4, k=3), retrieve=ALWAYS, ndocs=3)[0]  # shapes reused below
         ids = rec["candidates"][0]["token_ids"]
         assert ids[0] == tok.control_id(first) and ids[2] == tok.control_id(sup) and len(ids) == 4
         assert rec["candidates"][0]["text"] == WORD
