@@ -163,18 +163,18 @@ def target_devices(target: Target) -> tuple[Any, ...]:
 def plan_model_config(cfg):
     """The LlamaConfig a run of `cfg` would train: from `model.init_from`'s config file when
     that folder is on this machine, else from `model.preset` (a plan needs shapes only)."""
-    from selfrag_jax.models.config import LlamaConfig, from_hf_dict, preset
+    from selfrag_jax.models.config import SELFRAG_VOCAB, LlamaConfig, from_hf_dict, preset
 
     m = cfg.model
     if m.init_from and Path(m.init_from).exists():
         folder = Path(m.init_from)
         if (folder / "model_config.json").exists():
             config = LlamaConfig.load(folder / "model_config.json").replace(**m.overrides)
-        else:
+        elif (folder / "config.json").exists():
             config = from_hf_dict(json.loads((folder / "config.json").read_text()), str(folder / "config.json"),
                                   **m.overrides)
-        from selfrag_jax.models.config import SELFRAG_VOCAB
-
+        else:
+            raise ValueError(f"model.init_from={m.init_from!r} has no model_config.json or config.json to plan from")
         # build_model adds the reflection tokens (and <pad>) to a base Llama vocabulary.
         return config.replace(vocab_size=max(config.vocab_size, SELFRAG_VOCAB))
     if not m.preset:
@@ -542,7 +542,8 @@ def table(p: Plan) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.description = __doc__.split("\n\n")[1].replace("\n", " ")
+    parser.description = " ".join(__doc__.split("\n\n")[1:3]).replace("\n", " ").split(" Exit status")[0]
+    parser.epilog = "exit status: 0 fits, 1 does not fit (see the suggested change), 2 bad input"
     parser.add_argument("config", help="training YAML (e.g. configs/tpu/generator_7b_v5p-32.yaml)")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, as for train")
     parser.add_argument("--mesh", required=True, metavar="SPEC", help=SPEC_HELP)

@@ -25,6 +25,18 @@ SMALL = ["model.preset=tiny", "data.seq_len=128", "global_batch_size=8"]
 OVERSIZED = ["model.preset=tiny", "model.overrides={num_layers: 48}", "data.seq_len=1024", "global_batch_size=64"]
 
 
+@pytest.fixture(autouse=True)
+def default_matmul_precision():
+    """Plan what `train` compiles: conftest's "highest" precision (for CPU parity tests) would
+    turn every float32 TPU matmul into a multi-pass one and slow these compiles ten-fold."""
+    import jax
+
+    previous = jax.config.jax_default_matmul_precision
+    jax.config.update("jax_default_matmul_precision", None)
+    yield
+    jax.config.update("jax_default_matmul_precision", previous)
+
+
 def needs_libtpu():
     pytest.importorskip("libtpu", reason="AOT plans for TPUs need libtpu: pip install '.[tpu]'")
 
@@ -80,6 +92,15 @@ def test_model_shape_comes_from_the_preset_when_init_from_is_absent():
     assert (config.vocab_size, config.num_layers, config.remat_policy, config.dtype) == (32016, 32, "full", "bfloat16")
     with pytest.raises(ValueError, match="model.preset=selfrag-7b"):
         plan_model_config(load_config(ROOT / "configs/generator_7b.yaml"))
+
+
+def test_model_shape_comes_from_init_from_config_without_weights(tmp_path):
+    from selfrag_jax.models.config import preset, to_hf_dict
+
+    (tmp_path / "config.json").write_text(json.dumps(to_hf_dict(preset("llama2-7b"))))
+    cfg = load_config(None, [f"model.init_from={tmp_path}", "model.overrides={remat_policy: full}"])
+    config = plan_model_config(cfg)
+    assert (config.vocab_size, config.hidden_size, config.remat_policy) == (32016, 4096, "full")
 
 
 def test_candidate_changes_are_cumulative_and_cheap_first():
