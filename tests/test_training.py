@@ -206,3 +206,28 @@ def test_tiny_generator_learns_a_small_selfrag_set(tmp_path):
     out, counts = greedy_generate(params, model, ids, lengths, 48, stop_ids=jnp.array([tok.eos_id]), pad_id=tok.pad_id)
     got = [[i for i in row[:n].tolist() if i in tok.control_ids] for row, n in zip(np.asarray(out), np.asarray(counts))]
     assert sum(g == e for g, e in zip(got, expected)) >= 15, list(zip(got, expected))
+
+
+def test_restore_onto_a_different_mesh(tmp_path):
+    """Two steps on (2,2,2), checkpoint, then the third step on (8,1,1): the losses and
+    parameters of three uninterrupted single-device steps (constant rate, so the schedule
+    does not depend on the planned length)."""
+    const = ["checkpoint.every=2", "optim.schedule=constant"]
+    ref_losses, ref_params = run_steps(tmp_path, "ref", "1,1,1", steps=3, extra=const)
+    run_steps(tmp_path, "resume", "2,2,2", steps=2, extra=const)
+    losses, params = run_steps(tmp_path, "resume", "8,1,1", steps=3, extra=const)
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)  # metrics.jsonl holds steps 1-2, then 3
+    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(ref_params)):
+        np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-4)
+
+
+def test_init_from_hf_llama_adds_reflection_rows(tmp_path):
+    from helpers import make_hf_llama
+
+    from selfrag_jax.training.trainer import build_model
+
+    folder = make_hf_llama(tmp_path / "hf", tokenizer=True, vocab_size=300)
+    cfg = load_config(None, [f"model.init_from={folder}", "model.new_token_init=normal"])
+    model_config, params, tok = build_model(cfg)
+    assert model_config.vocab_size == len(tok) == 316
+    assert tok.control_id("[Retrieval]") == 301 and params["embedding"].shape[0] == 316
