@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     sizes = SMALL if args.small else FULL
     started = time.perf_counter()
     device, peak, bandwidth = accelerator()
-    print(f"device: {device.device_kind} ({device.platform}), peak {peak / 1e12:.0f} TFLOP/s, "
+    print(f"device: {device.device_kind} ({device.platform}), peak {peak / 1e12:.3g} TFLOP/s, "
           f"HBM {bandwidth / 1e12:.2f} TB/s", flush=True)
     report = {"device": device.device_kind, "platform": device.platform, "jax": jax.__version__,
               "python": platform.python_version(), "sizes": asdict(sizes), "peak_flops": peak}

@@ -468,33 +468,35 @@ def candidate_changes(cfg, target: Target, model_config) -> list[tuple[str, list
 
 
 def suggest(config_path: str | None, target_spec: str, overrides: list[str], first: Plan, decode_batch: int,
-            margin: float, max_tries: int = 6, log=print) -> dict[str, Any] | None:
-    """Re-plan the candidate changes in order; the first that fits (or None)."""
+            margin: float, max_tries: int = 6, log=print) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """Re-plan the candidate changes in order: (the first that fits or None, what was tried)."""
     from selfrag_jax.training.config import load_config
 
     cfg = load_config(config_path, list(overrides))
     target = parse_target(target_spec)
     state_too_big = (first.train.error or "").startswith("parameters, gradients")
-    tried = 0
+    tried: list[dict[str, Any]] = []
     for label, changes in candidate_changes(cfg, target, plan_model_config(cfg)):
         spec = next((c[1:] for c in changes if c.startswith("@")), target_spec)
         extra = [c for c in changes if not c.startswith("@")]
         if state_too_big and spec == target_spec:
             continue  # no change of activations helps when the state alone overflows: more chips
-        if tried >= max_tries:
+        if len(tried) >= max_tries:
             break
-        tried += 1
         log(f"  trying {label} ...")
         try:
             attempt = plan(config_path, spec, [*overrides, *extra], decode_batch if spec == target_spec else 0,
                            margin, with_decode=first.decode is not None)
         except ValueError as err:  # e.g. a batch that no longer divides: skip this candidate
             log(f"  {label}: {err}")
+            tried.append({"change": label, "target": spec, "error": str(err)})
             continue
+        tried.append({"change": label, "target": spec, "train_total": attempt.train.total, "fits": attempt.fits,
+                      "error": attempt.train.error})
         log(f"  {label}: train {_gib(attempt.train.total)} per chip -> {'fits' if attempt.fits else 'does not fit'}")
         if attempt.fits:
-            return {"change": label, "target": spec, "overrides": extra, "plan": to_dict(attempt)}
-    return None
+            return {"change": label, "target": spec, "overrides": extra, "plan": to_dict(attempt)}, tried
+    return None, tried
 
 
 # --------------------------------------------------------------------------------------
@@ -569,8 +571,8 @@ def run(args: argparse.Namespace) -> int:
         print(table(report))
     if not report.fits and not args.no_suggest:
         log("does not fit; re-planning changes that could make it fit:")
-        out["suggestion"] = suggest(args.config, args.mesh, args.overrides, report, args.decode_batch, args.margin,
-                                    log=log)
+        out["suggestion"], out["tried"] = suggest(args.config, args.mesh, args.overrides, report, args.decode_batch,
+                                                  args.margin, log=log)
         if out["suggestion"]:
             s = out["suggestion"]
             log(f"suggested change: {s['change']} (total {_gib(s['plan']['train']['total'])} per chip on "

@@ -146,6 +146,7 @@ def test_oversized_config_does_not_fit_and_gets_a_change_that_fits(capsys):
     suggestion = out["suggestion"]
     assert suggestion["change"] == "remat_policy=full"
     assert suggestion["overrides"] == ["model.overrides.remat_policy=full"] and suggestion["plan"]["fits"]
+    assert [t["change"] for t in out["tried"]] == ["remat_policy=full"] and out["tried"][0]["fits"]
 
 
 def test_state_that_cannot_fit_skips_the_compile_and_asks_for_more_chips():
