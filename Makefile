@@ -24,10 +24,10 @@ comma := ,
 demo: $(VENV)/.stamp-retrieval
 	$(VENV)/bin/selfrag-jax demo --workdir demo_out
 
-test: $(VENV)/.stamp-dev+data+retrieval
+test: $(VENV)/.stamp-dev+data+retrieval+tpu
 	$(PY) -m pytest -q -ra tests
 
-test-fast: $(VENV)/.stamp-dev+data+retrieval
+test-fast: $(VENV)/.stamp-dev+data+retrieval+tpu
 	$(PY) -m pytest -q -ra -m "not slow" tests
 
 bench: $(VENV)/.stamp-dev+data+retrieval+bench

@@ -14,7 +14,7 @@
 #   --follow             stream the logs afterwards (logs.sh --follow)
 #   --dry-run            print the gcloud commands instead of running them
 # Example: tpu/launch.sh --name gen --zone us-east5-a --project my-proj -- \
-#            selfrag-jax train configs/generator.yaml output_dir=gs://my-bucket/gen
+#            selfrag-jax train configs/tpu/generator_7b_v5p-32.yaml run_dir=/gcs/my-bucket/gen
 set -euo pipefail
 # shellcheck source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
