@@ -14,7 +14,7 @@ from selfrag_jax.data.annotate import Critic, annotate, parse_label, split_sente
     ("issup", "[Partially supported]", T.PARTIALLY_SUPPORTED), ("issup", "fully", T.FULLY_SUPPORTED),
     ("issup", "[No support / Contradictory]", T.NO_SUPPORT), ("isuse", "[Utility:4]", "[Utility:4]"),
     ("isuse", "rating 2", "[Utility:2]"), ("retrieve_sentence", "[Continue to Use Evidence]", T.CONTINUE_EVIDENCE),
-    ("isrel", "banana", None), ("isuse", "great", None),
+    ("issup", "[No support / Contra", T.NO_SUPPORT), ("isrel", "banana", None), ("isuse", "great", None),
 ])
 def test_parse_label(kind, text, label):
     assert parse_label(kind, text) == label

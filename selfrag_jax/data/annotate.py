@@ -51,7 +51,8 @@ def parse_label(kind: str, text: str) -> str | None:
     if low.startswith("no"):
         return {"retrieve_input": T.NO_RETRIEVAL, "retrieve_sentence": T.NO_RETRIEVAL, "isrel": T.IRRELEVANT,
                 "issup": T.NO_SUPPORT}[kind]
-    for word, label in (("fully", T.FULLY_SUPPORTED), ("partial", T.PARTIALLY_SUPPORTED), ("irrelevant", T.IRRELEVANT),
+    for word, label in (("no support", T.NO_SUPPORT), ("contradict", T.NO_SUPPORT), ("fully", T.FULLY_SUPPORTED),
+                        ("partial", T.PARTIALLY_SUPPORTED), ("irrelevant", T.IRRELEVANT),
                         ("relevant", T.RELEVANT), ("continue", T.CONTINUE_EVIDENCE)):
         if word in low:
             return label if label in labels else None
@@ -71,7 +72,7 @@ class Critic:
     config: Any
     tokenizer: Any
     batch_size: int = 64
-    max_new_tokens: int = 12
+    max_new_tokens: int = 24  # "[No support / Contradictory]" as plain text is many pieces
     calls: dict[str, int] = field(default_factory=dict)
 
     def generate(self, prompts: Sequence[str]) -> list[str]:
@@ -165,7 +166,7 @@ def annotate(records: list[dict], critic: Critic, retriever, ndocs: int = 3) -> 
                 body += (T.RETRIEVAL + T.PARAGRAPH_OPEN + T.passage_text(h["title"], h["text"]) + T.PARAGRAPH_CLOSE
                          + r_lab + gap + sentence + (s_lab if r_lab == T.RELEVANT else ""))
         out.append({"instruction": r["instruction"], "input": r.get("input", ""), "output": body + use[i],
-                    "id": r.get("id", str(i)), "dataset_name": r.get("dataset_name", "")})
+                    "id": r.get("id", str(i)), "dataset_name": r.get("dataset_name", r.get("type", ""))})
     report["retrieval_rate"] = float(np.mean([n == T.RETRIEVAL for n in need])) if need else 0.0
     return out, report
 
