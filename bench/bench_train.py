@@ -112,7 +112,7 @@ def main(argv=None) -> int:
     if args.small:
         config, batch, seq = preset("tiny", vocab_size=512), 2, 64
     else:
-        config, batch, seq = preset("llama-125m", scan_layers=True), 4, 512
+        config, batch, seq = preset("llama-125m", scan_layers=False), 4, 512
     tokens = batch * seq
     flops = config.flops_per_token(seq) * tokens
     ours = bench_ours(config, batch, seq, args.steps)
