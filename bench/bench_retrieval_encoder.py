@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from bench.bench_retrieval_common import machine_info, median_time, versions, write_result
+from bench.common import machine_info, median_time, versions, write_result
 
 
 def make_passages(n: int, vocab_file: str, seed: int = 0) -> list[str]:

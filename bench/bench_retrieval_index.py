@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from bench.bench_retrieval_common import machine_info, median_time, versions, write_result
+from bench.common import machine_info, median_time, versions, write_result
 from selfrag_jax.retrieval.index import ExactIndex, ScannIndex, build_index
 from selfrag_jax.retrieval.synthetic import clustered_vectors, recall_at_k, split_queries
 

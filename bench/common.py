@@ -37,6 +37,10 @@ def machine_info() -> dict[str, Any]:
     info: dict[str, Any] = {"platform": platform.platform(), "python": platform.python_version(), "cpu": cpu,
                             "cores": os.cpu_count()}
     try:
+        info["memory_gib"] = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+    except (ValueError, OSError):
+        pass
+    try:
         info["load_average_at_start"] = list(os.getloadavg())
     except OSError:
         pass
@@ -76,6 +80,7 @@ def now() -> str:
 def write_result(name: str, result: dict[str, Any]) -> Path:
     """bench/results/NAME.json, written under a temporary name and renamed."""
     RESULTS.mkdir(parents=True, exist_ok=True)
+    result = {"benchmark": name, "date": now(), **result}
     path = RESULTS / f"{name}.json"
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(result, indent=2, default=float) + "\n")
