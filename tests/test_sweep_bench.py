@@ -9,7 +9,8 @@ from bench.run_all import discover
 
 def test_discovery_finds_benchmarks_not_helpers():
     names = discover()
-    assert "bench_sweep" in names
+    assert "bench_sweep" in names and "bench_train" in names
+    assert all(n.startswith("bench_") for n in names)  # common.py, run_all.py are not benchmarks
 
 
 def test_summary_rows_adapt_every_layout():
