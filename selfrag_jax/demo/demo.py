@@ -43,11 +43,6 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--encoder", default=None, help="HF BERT folder for the index [the bundled MiniLM]")
 
 
-def match(prediction: str, answers: list[str]) -> float:
-    """The released metric: any gold answer is a case-sensitive substring of the prediction."""
-    return float(any(a in prediction for a in answers))
-
-
 def load_items(path: Path, limit: int):
     from selfrag_jax.inference.items import Item
 
@@ -62,6 +57,7 @@ def load_items(path: Path, limit: int):
 def evaluate_models(models: Path, world: Path, index: Path, out: Path, limit: int, batch_size: int,
                     log=print) -> dict[str, Any]:
     """Accuracy and retrieval frequency per task and setting, critic agreement, a trace."""
+    from selfrag_jax.evaluation.metrics import match
     from selfrag_jax.inference.engine import ControlIds, Engine
     from selfrag_jax.inference.selfrag import GenerateOptions, ShortForm
     from selfrag_jax.inference.scoring import RetrieveOptions, ScoreOptions

@@ -26,8 +26,10 @@ import numpy as np
 
 
 def match(prediction: str, answers: Sequence[str]) -> bool:
-    """The released short-form `match`: a gold answer occurs in the prediction, case-sensitive."""
-    return any(a in prediction for a in answers)
+    """The released short-form `match`, with its quirks (selfrag_jax.evaluation.metrics)."""
+    from selfrag_jax.evaluation.metrics import match as released_match
+
+    return bool(released_match(prediction, answers))
 
 
 def cost_report(records: list[dict[str, Any]], latencies: Sequence[float], tokens, batch_size: int,
