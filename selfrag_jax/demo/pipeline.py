@@ -66,18 +66,13 @@ class Stages:
 
     def train(self, name: str, overrides: list[str]):
         from selfrag_jax.training.config import load_config
-        from selfrag_jax.training.main import examples_per_batch, make_data
-        from selfrag_jax.training.trainer import Trainer, build_model, resolve_num_steps, write_run_config
+        from selfrag_jax.training.main import train
 
         steps = BUDGETS[self.budget][name]
         cfg = load_config(CONFIGS / f"{name}.yaml", [f"run_dir={self.out / name}", *overrides]
                           + ([f"num_steps={steps}"] if steps else []))
-        model_config, init_params, tokenizer = build_model(cfg)
-        data, n = make_data(cfg, tokenizer, model_config)
-        num_steps = resolve_num_steps(cfg, n, examples_per_batch(data))
-        write_run_config(cfg, model_config)
-        final = Trainer(cfg, model_config, tokenizer, init_params).fit(data, num_steps)
-        return {"steps": num_steps, "final_loss": final.get("loss")}
+        final = train(cfg)
+        return {"steps": final["num_steps"], "final_loss": final.get("loss")}
 
     def annotate(self):
         from selfrag_jax.data.annotate import Critic, annotate, read_pairs
@@ -93,13 +88,16 @@ class Stages:
 
     def export(self, dest: Path = ASSETS):
         """critic/ and generator/ as Hugging Face folders in bfloat16 (a few MB each)."""
+        import tempfile
+
         from selfrag_jax.models.checkpoint import load_model
         from selfrag_jax.models.hf import export_hf, name_table
 
         for name in ("critic", "generator"):
             config, params, tok, _ = load_model(self.out / name)
             meta = {"dtypes": {n: "bfloat16" for n, *_ in name_table(config)}}
-            with _tmp_tokenizer(tok) as tok_dir:
+            with tempfile.TemporaryDirectory() as tok_dir:
+                tok.save(tok_dir)
                 export_hf(params, config, dest / name, meta=meta, tokenizer_dir=tok_dir)
         return {"dest": str(dest)}
 
@@ -117,18 +115,3 @@ class Stages:
                                                                  f"data.train_files=[{self.out / 'annotated.jsonl'}]"]))
         if export:
             self.stage("export", self.export)
-
-
-class _tmp_tokenizer:
-    def __init__(self, tok):
-        self.tok = tok
-
-    def __enter__(self):
-        import tempfile
-
-        self.dir = tempfile.TemporaryDirectory()
-        self.tok.save(self.dir.name)
-        return self.dir.name
-
-    def __exit__(self, *exc):
-        self.dir.cleanup()

@@ -97,17 +97,21 @@ def resolve_model_dir(path: str | os.PathLike) -> Path:
                             "(no model_config.json or config.json + safetensors)")
 
 
-def _read_step_meta(folder: Path) -> tuple[LlamaConfig, Path | None]:
-    """Model config and a folder with the tokenizer files of a training step folder."""
+def _load_tokenizer(folder: Path, step: bool):
+    """The tokenizer of a model folder, or of a training step (JSON files in its metadata)."""
     import tempfile
 
-    meta = json.loads((folder / "meta" / "metadata").read_text())
-    tok_dir = None
-    if meta.get("tokenizer"):
-        tok_dir = Path(tempfile.mkdtemp(prefix="selfrag-tok-"))
-        for name, content in meta["tokenizer"].items():
-            (tok_dir / name).write_text(json.dumps(content))
-    return LlamaConfig.from_dict(meta["model_config"], where=str(folder / "meta")), tok_dir
+    from selfrag_jax.tokenizer import SelfRAGTokenizer
+
+    if not step:
+        return SelfRAGTokenizer.from_pretrained(folder / "tokenizer") if (folder / "tokenizer").exists() else None
+    files = json.loads((folder / "meta" / "metadata").read_text()).get("tokenizer")
+    if not files:
+        return None
+    with tempfile.TemporaryDirectory(prefix="selfrag-tok-") as tmp:
+        for name, content in files.items():
+            (Path(tmp) / name).write_text(json.dumps(content))
+        return SelfRAGTokenizer.from_pretrained(tmp)
 
 
 def load_model(path: str | os.PathLike, scan_layers: bool | None = None, shardings: Any = None,
@@ -133,20 +137,17 @@ def load_model(path: str | os.PathLike, scan_layers: bool | None = None, shardin
             params = jax.device_put(params, shardings)
         return config, params, tokenizer, meta
     folder = resolve_model_dir(path)
-    if is_complete_step(folder):
-        config, tok_dir = _read_step_meta(folder)
+    step = is_complete_step(folder)
+    if step:
+        config = LlamaConfig.from_dict(json.loads((folder / "meta" / "metadata").read_text())["model_config"],
+                                       where=str(folder / "meta"))
     else:
-        config, tok_dir = LlamaConfig.load(folder / "model_config.json"), folder / "tokenizer"
+        config = LlamaConfig.load(folder / "model_config.json")
     overrides = dict(config_overrides)
     if scan_layers is not None:
         overrides["scan_layers"] = scan_layers
     config = config.replace(**overrides)
-    tokenizer = (SelfRAGTokenizer.from_pretrained(tok_dir)
-                 if add_control_tokens and tok_dir is not None and tok_dir.exists() else None)
-    if is_complete_step(folder) and tok_dir is not None:
-        import shutil
-
-        shutil.rmtree(tok_dir, ignore_errors=True)
+    tokenizer = _load_tokenizer(folder, step) if add_control_tokens else None
     if tokenizer is not None and len(tokenizer) > config.vocab_size:
         params, config = resize_vocab(restore_params(folder / "params", config), config, len(tokenizer))
         params = jax.device_put(params, shardings) if shardings is not None else params

@@ -59,23 +59,30 @@ def examples_per_batch(stream) -> float:
     return float(sum(len(set(r[r > 0].tolist())) for r in rows)) * jax.process_count()
 
 
-def run(args: argparse.Namespace) -> int:
-    from selfrag_jax import distributed
-    from selfrag_jax.training.config import load_config
+def train(cfg) -> dict:
+    """Model, data and steps from `cfg`, then the trainer; returns the last logged metrics.
+    Shared by `selfrag-jax train` and the embedded default's pipeline."""
     from selfrag_jax.training.trainer import Trainer, build_model, resolve_num_steps, write_run_config
 
-    distributed.initialize()
-    cfg = load_config(args.config, args.overrides)
     model_config, init_params, tokenizer = build_model(cfg)
     data, n_examples = make_data(cfg, tokenizer, model_config)
     eval_data = make_data(cfg, tokenizer, model_config, split="eval")[0] if cfg.data.eval_files else None
-    if n_examples and not cfg.num_steps:  # epochs -> steps, counting packed examples per batch
-        cfg.num_steps = resolve_num_steps(cfg, n_examples, examples_per_batch(data))
-    num_steps = resolve_num_steps(cfg, n_examples)
+    # epochs -> steps, counting the packed examples of a batch
+    per_step = examples_per_batch(data) if n_examples and not cfg.num_steps else None
+    num_steps = resolve_num_steps(cfg, n_examples, per_step)
     write_run_config(cfg, model_config)
-    trainer = Trainer(cfg, model_config, tokenizer, init_params)
-    final = trainer.fit(data, num_steps, eval_data)
-    if distributed.is_main() and final:
+    final = Trainer(cfg, model_config, tokenizer, init_params).fit(data, num_steps, eval_data)
+    return {**final, "num_steps": num_steps}
+
+
+def run(args: argparse.Namespace) -> int:
+    from selfrag_jax import distributed
+    from selfrag_jax.training.config import load_config
+
+    distributed.initialize()
+    cfg = load_config(args.config, args.overrides)
+    final = train(cfg)
+    if distributed.is_main() and "loss" in final:
         print(f"step {final['step']}: loss {final['loss']:.4f}, {final['tokens_per_s']:.0f} tokens/s, "
               f"MFU {final['mfu']:.1%}; checkpoints in {cfg.run_dir}/checkpoints")
     return 0
