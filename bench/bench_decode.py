@@ -1,6 +1,9 @@
 """Short-form Self-RAG decoding: our engine against the released algorithm in PyTorch.
 
 `python -m bench.bench_decode [--small]` -> bench/results/decode[_small].json
+`python -m bench.bench_decode --accelerator` -> decode_gpu.json: JAX's default device and
+PyTorch on CUDA, both with bfloat16 weights (the float32 CPU run is the default).
+The results file is rewritten after each part, so a run cut short keeps what it measured.
 
 Workload (default): 32 questions x 5 passages of ~150 tokens, up to 64 new tokens, the
 125M Llama shape with random weights (so rows rarely stop early: the worst case).
@@ -28,7 +31,6 @@ from pathlib import Path
 
 import numpy as np
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")  # a CPU benchmark against PyTorch on CPU
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -78,46 +80,53 @@ def run_reference(model, ids, prompts, passages, new_tokens: int):
     import torch
 
     stop = list(ids.boundary)
+    dev = model.device
     for prompt, psgs in zip(prompts, passages):
         with torch.no_grad():
-            first = model.generate(torch.tensor([prompt + [ids.retrieve[0]]]), max_new_tokens=new_tokens,
+            first = model.generate(torch.tensor([prompt + [ids.retrieve[0]]], device=dev), max_new_tokens=new_tokens,
                                    do_sample=False, eos_token_id=stop, pad_token_id=ids.pad,
                                    output_scores=True, return_dict_in_generate=True)
             _ = torch.log_softmax(first.scores[0][0], -1)[list(ids.retrieve)]
             rows = [prompt + p for p in psgs]
             width = max(map(len, rows))
-            tokens = torch.tensor([[ids.pad] * (width - len(r)) + r for r in rows])
-            mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+            tokens = torch.tensor([[ids.pad] * (width - len(r)) + r for r in rows], device=dev)
+            mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=dev)
             out = model.generate(tokens, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False,
                                  eos_token_id=stop, pad_token_id=ids.pad, output_scores=True,
                                  return_dict_in_generate=True)
             reference_scores(out, ids, width)
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
 
 
 def reference_scores(out, ids, width):
     """seq / rel / sup / use from the per-step scores, as the release does on the host."""
     import torch
 
-    logp = torch.log_softmax(torch.stack(out.scores, 1), -1)  # [rows, steps, vocab]
+    logp = torch.log_softmax(torch.stack(out.scores, 1).float(), -1)  # [rows, steps, vocab]
     gen = out.sequences[:, width:]
     tok_lp = logp.gather(-1, gen[:, :, None])[..., 0]
     seq = tok_lp.mean(-1)
     probs = logp[:, 0].exp()
     rel = probs[:, ids.isrel[1]] / probs[:, list(ids.isrel)].sum(-1)
-    is_sup = torch.isin(gen, torch.tensor(ids.issup))
-    is_use = torch.isin(gen, torch.tensor(ids.isuse))
+    is_sup = torch.isin(gen, torch.tensor(ids.issup, device=gen.device))
+    is_use = torch.isin(gen, torch.tensor(ids.isuse, device=gen.device))
     return seq, rel, is_sup.any(-1), is_use.any(-1)
 
 
-def matmul_peak(n: int) -> dict[str, float]:
-    """float32 n^3 matmul GFLOP/s with numpy (MKL/OpenBLAS) and JAX, best of 3 each."""
+def matmul_peak(n: int, accelerator: bool = False) -> dict[str, float]:
+    """n^3 matmul GFLOP/s, best of 3: float32 with numpy (MKL/OpenBLAS) and JAX on a CPU,
+    bfloat16 with JAX on an accelerator."""
     import jax
     import jax.numpy as jnp
 
     a = np.random.default_rng(0).standard_normal((n, n), np.float32)
+    ja = jnp.asarray(a, jnp.bfloat16 if accelerator else jnp.float32)
+    fns = {"jax": lambda: jnp.dot(ja, ja).block_until_ready()}
+    if not accelerator:
+        fns["numpy"] = lambda: a @ a
     out = {}
-    for name, fn in (("numpy", lambda: a @ a), ("jax", lambda: jnp.dot(ja, ja).block_until_ready())):
-        ja = jnp.asarray(a)
+    for name, fn in fns.items():
         fn()
         best = min(_timed(fn) for _ in range(3))
         out[name] = 2 * n**3 / best / 1e9
@@ -151,8 +160,13 @@ def required_flops(config, prompts, passages, new_tokens: int) -> float:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--small", action="store_true", help="tiny shapes: checks that the benchmark runs")
+    parser.add_argument("--accelerator", action="store_true",
+                        help="JAX's default device and PyTorch on CUDA, bfloat16 weights on both")
+    parser.add_argument("--out", type=Path, help="results file [bench/results/decode{,_small,_gpu}.json]")
     args = parser.parse_args(argv)
     w = SMALL if args.small else FULL
+    if not args.accelerator:
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")  # a CPU benchmark against PyTorch on CPU
     os.environ.setdefault("SELFRAG_NO_PROGRESS", "1")
     import jax
     import torch
@@ -163,13 +177,25 @@ def main(argv=None) -> int:
     from selfrag_jax.models.llama import init_params
 
     torch.set_num_threads(os.cpu_count() or 1)
-    config = preset(w.preset)
+    dtypes = {"dtype": "bfloat16", "param_dtype": "bfloat16"} if args.accelerator else {}
+    config = preset(w.preset, **dtypes)
     params = init_params(config, 0)
     ids = control_ids(config.vocab_size)
     prompts, passages = make_inputs(w, config.vocab_size, w.k)
     result = {"workload": w.__dict__, "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
-                                                   "load_average_at_start": os.getloadavg()},
+                                                   "load_average_at_start": os.getloadavg(),
+                                                   "device": jax.devices()[0].device_kind},
+              "weights": "bfloat16" if args.accelerator else "float32",
               "versions": {"jax": jax.__version__, "torch": torch.__version__}}
+    out = args.out or RESULTS / ("decode_small.json" if args.small else
+                                 "decode_gpu.json" if args.accelerator else "decode.json")
+
+    def save() -> None:
+        """Rewrite the results file with what is measured so far (atomically)."""
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(out.name + ".tmp")
+        tmp.write_text(json.dumps(result, indent=2) + "\n")
+        os.replace(tmp, out)
 
     engine = Engine(params, config, ids, w.new_tokens)
     t_first = _timed(lambda: run_ours(engine, prompts, passages))  # includes compilation
@@ -177,15 +203,25 @@ def main(argv=None) -> int:
     seg = run_ours(engine, prompts, passages)
     result["ours"] = {"first_call_s_incl_compile": t_first, "seconds": t_ours,
                       "generated_tokens": int(seg.counts.sum()), "compiled_programs": engine.compiled_programs()}
+    save()
 
     with tempfile.TemporaryDirectory() as tmp:
         export_hf(params, config, Path(tmp) / "hf")
         from transformers import LlamaForCausalLM
 
-        model = LlamaForCausalLM.from_pretrained(Path(tmp) / "hf", dtype=torch.float32).eval()
+        model = LlamaForCausalLM.from_pretrained(Path(tmp) / "hf", dtype=torch.bfloat16 if args.accelerator
+                                                 else torch.float32).eval()
+    model.to("cuda" if args.accelerator else "cpu")
+    if args.accelerator:  # CUDA context and kernels warmed on one question, as ours was compiled
+        run_reference(model, ids, prompts[:1], passages[:1], w.new_tokens)
     t_ref = _timed(lambda: run_reference(model, ids, prompts, passages, w.new_tokens))
     result["reference"] = {"seconds": t_ref, "what": "transformers generate: no-retrieval pass + K passages batched"}
     result["speedup_vs_reference"] = t_ref / t_ours
+    result["summary"] = [{"what": f"short-form Self-RAG decode, {w.questions} questions x {w.k} passages, "
+                                  f"{w.preset}, {result['weights']} on {result['machine']['device']}",
+                          "ours": f"{t_ours:.2f} s", "peer": f"transformers generate {t_ref:.2f} s",
+                          "ratio": t_ref / t_ours, "goal": "ratio >= 2", "met": t_ref / t_ours >= 2}]
+    save()
 
     def one_at_a_time():
         for i in range(w.one_at_a_time_rows):
@@ -197,24 +233,24 @@ def main(argv=None) -> int:
     n_rows = w.questions * w.k
     result["one_at_a_time"] = {"seconds_per_row": one_row_s, "extrapolated_seconds": one_row_s * n_rows,
                                "speedup_of_batching": one_row_s * n_rows / t_ours}
+    save()
 
-    peak = matmul_peak(512 if args.small else 2048)
+    peak = matmul_peak(512 if args.small else 8192 if args.accelerator else 2048, args.accelerator)
     flops = required_flops(config, prompts, passages, w.new_tokens)
     result["roofline"] = {"required_gflop": flops / 1e9, "matmul_peak_gflops": peak,
                           "achieved_gflops": flops / t_ours / 1e9,
                           "share_of_peak": flops / t_ours / 1e9 / max(peak.values())}
+    save()
 
     sweep = {}
     for k in w.k_sweep:
         p_k, s_k = make_inputs(w, config.vocab_size, k, seed=1)
         run_ours(engine, p_k, s_k)  # compile this row count
         sweep[str(k)] = _timed(lambda: run_ours(engine, p_k, s_k))
-    result["seconds_by_k"] = sweep
+        result["seconds_by_k"] = sweep
+        save()
     result["compiled_programs_total"] = engine.compiled_programs()
-
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / ("decode_small.json" if args.small else "decode.json")
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    save()
     print(json.dumps({k: result[k] for k in ("ours", "reference", "speedup_vs_reference", "one_at_a_time",
                                              "roofline", "seconds_by_k")}, indent=2))
     print(f"wrote {out}")

@@ -6,6 +6,11 @@ JAX and numpy reach in this run (FLOPs counted analytically, as MaxText does:
 `cost_analysis()` undercounts scanned layers).
 
     python -m bench.bench_train [--small] [--steps 3]
+    python -m bench.bench_train --accelerator [--out FILE]   # on a GPU: both sides on it
+
+On an accelerator both sides compute in bfloat16 with float32 master weights (JAX: the
+model's `dtype`; PyTorch: autocast) on a larger batch, and MFU is against the bfloat16
+matmul rate JAX reaches in the run.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ def _timed(fn) -> float:
     return time.perf_counter() - t
 
 
-def bench_ours(config, batch: int, seq: int, steps: int) -> dict:
+def bench_ours(config, batch: int, seq: int, steps: int, peak_dtype: str = "float32") -> dict:
     import jax
     import jax.numpy as jnp
 
@@ -64,79 +69,101 @@ def bench_ours(config, batch: int, seq: int, steps: int) -> dict:
             jax.block_until_ready(m["loss"])
         times.append(time.perf_counter() - t)
     return {"first_step_s": compile_s, "step_s": statistics.median(times), "times": times,
-            "loss": float(m["loss"]), "jax_matmul_peak": _jax_peak()}
+            "loss": float(m["loss"]), "jax_matmul_peak": _jax_peak(peak_dtype)}
 
 
-def _jax_peak() -> float:
+def _jax_peak(dtype: str) -> float:
+    import jax
+
     from selfrag_jax.training.trainer import measure_matmul_peak
 
-    return measure_matmul_peak(2048, 3)
+    n = 2048 if jax.default_backend() == "cpu" else 8192
+    return measure_matmul_peak(n, 3 if n == 2048 else 10, dtype=dtype)
 
 
-def bench_torch(config, batch: int, seq: int, steps: int) -> dict:
+def bench_torch(config, batch: int, seq: int, steps: int, device: str = "cpu") -> dict:
+    import contextlib
+
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from selfrag_jax.models.config import to_hf_dict
 
-    torch.set_num_threads(2)
-    torch.set_flush_denormal(True)
+    if device == "cpu":
+        torch.set_num_threads(2)
+        torch.set_flush_denormal(True)
     hf = {k: v for k, v in to_hf_dict(config).items() if k not in ("architectures", "model_type", "dtype")}
-    model = LlamaForCausalLM(LlamaConfig(**hf)).train()
+    model = LlamaForCausalLM(LlamaConfig(**hf)).to(device).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0)
+
+    def autocast():
+        return torch.autocast("cuda", dtype=torch.bfloat16) if device == "cuda" else contextlib.nullcontext()
+
     rng = np.random.default_rng(0)
     times = []
     for i in range(steps + 1):
-        ids = torch.tensor(rng.integers(3, config.vocab_size, (batch, seq)))
+        ids = torch.tensor(rng.integers(3, config.vocab_size, (batch, seq)), device=device)
         t = time.perf_counter()
-        out = model(input_ids=ids, labels=ids)  # transformers shifts the labels itself
+        with autocast():
+            out = model(input_ids=ids, labels=ids)  # transformers shifts the labels itself
         out.loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
+        if device == "cuda":
+            torch.cuda.synchronize()
         if i:
             times.append(time.perf_counter() - t)
-    return {"step_s": statistics.median(times), "times": times}
+    return {"step_s": statistics.median(times), "times": times, "loss": float(out.loss.detach())}
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--small", action="store_true", help="tiny shapes: a quick correctness run")
     parser.add_argument("--steps", type=int, default=3, help="timed steps after the first [3]")
+    parser.add_argument("--accelerator", action="store_true",
+                        help="JAX's default device and PyTorch on CUDA, bfloat16 compute, batch 32")
+    parser.add_argument("--out", help="results file [bench/results/train.json, train_gpu.json, train_small.json]")
     args = parser.parse_args(argv)
     import jax
 
-    jax.config.update("jax_default_matmul_precision", "highest")
     from selfrag_jax.models.config import preset
 
+    if not args.accelerator:
+        jax.config.update("jax_default_matmul_precision", "highest")
     if args.small:
         config, batch, seq = preset("tiny", vocab_size=512), 2, 64
+    elif args.accelerator:
+        config, batch, seq = preset("llama-125m", scan_layers=False, dtype="bfloat16"), 32, 512
     else:
         config, batch, seq = preset("llama-125m", scan_layers=False), 4, 512
+    precision = "bfloat16" if args.accelerator else "float32"
     tokens = batch * seq
     flops = config.flops_per_token(seq) * tokens
-    ours = bench_ours(config, batch, seq, args.steps)
-    peer = bench_torch(config, batch, seq, args.steps)
-    peak = max(ours["jax_matmul_peak"], numpy_matmul_peak())
+    ours = bench_ours(config, batch, seq, args.steps, peak_dtype=precision)
+    peer = bench_torch(config, batch, seq, args.steps, device="cuda" if args.accelerator else "cpu")
+    peak = ours["jax_matmul_peak"] if args.accelerator else max(ours["jax_matmul_peak"], numpy_matmul_peak())
     ours_tps, peer_tps = tokens / ours["step_s"], tokens / peer["step_s"]
     result = {
         "benchmark": "train_step", "date": now(), "machine": machine_info(), "versions": versions("torch", "flax",
                                                                                                 "transformers"),
         "shape": {"model": "tiny" if args.small else "llama-125m", "batch": batch, "seq_len": seq,
-                  "params": config.num_params()},
+                  "params": config.num_params(), "compute": precision},
         "ours": {**ours, "tokens_per_s": ours_tps, "mfu": flops / ours["step_s"] / peak},
         "pytorch": {**peer, "tokens_per_s": peer_tps, "mfu": flops / peer["step_s"] / peak},
         "matmul_peak_flops": peak, "flops_per_step": flops,
         "summary": [
-            {"what": f"train step, {'tiny' if args.small else '125M'} Llama, {batch}x{seq} tokens, float32",
+            {"what": f"train step, {'tiny' if args.small else '125M'} Llama, {batch}x{seq} tokens, {precision}"
+                     + (f" on {jax.devices()[0].device_kind}" if args.accelerator else ""),
              "ours": f"{ours_tps:,.0f} tok/s", "peer": f"PyTorch {peer_tps:,.0f} tok/s",
              "ratio": ours_tps / peer_tps, "goal": "ratio >= 0.8", "met": ours_tps / peer_tps >= 0.8},
-            {"what": "train step MFU (float32 matmul peak measured in the run)",
+            {"what": f"train step MFU ({precision} matmul peak measured in the run)",
              "ours": f"{flops / ours['step_s'] / peak:.1%}", "peer": f"PyTorch {flops / peer['step_s'] / peak:.1%}",
              "ratio": None, "goal": "MFU >= 50%", "met": flops / ours["step_s"] / peak >= 0.5},
         ],
     }
-    path = write_result("train_small" if args.small else "train", result)
+    name = "train_small" if args.small else "train_gpu" if args.accelerator else "train"
+    path = write_result(name, result, args.out)
     print(f"ours {ours_tps:,.0f} tok/s, PyTorch {peer_tps:,.0f} tok/s, ratio {ours_tps / peer_tps:.2f}, "
           f"MFU {result['ours']['mfu']:.1%} (peak {peak / 1e9:.0f} GFLOP/s) -> {path}")
     return 0

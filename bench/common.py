@@ -77,11 +77,11 @@ def now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
-def write_result(name: str, result: dict[str, Any]) -> Path:
-    """bench/results/NAME.json, written under a temporary name and renamed."""
-    RESULTS.mkdir(parents=True, exist_ok=True)
+def write_result(name: str, result: dict[str, Any], path: str | Path | None = None) -> Path:
+    """bench/results/NAME.json (or `path`), written under a temporary name and renamed."""
     result = {"benchmark": name, "date": now(), **result}
-    path = RESULTS / f"{name}.json"
+    path = Path(path) if path else RESULTS / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(result, indent=2, default=float) + "\n")
     os.replace(tmp, path)
