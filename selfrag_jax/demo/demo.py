@@ -209,6 +209,10 @@ def run_demo(args: argparse.Namespace) -> int:
     report["seconds"] = round(time.time() - t0, 1)
     if "retrained" in reports:
         report["retrained"] = {k: reports["retrained"][k] for k in ("tasks", "critic_agreement", "distractor_top1")}
+        reading = work / "retrain" / "base_reading.done"
+        if reading.exists():
+            report["retrained"]["base_reading"] = {k: v for k, v in json.loads(reading.read_text()).items()
+                                                   if k in ("with_passage", "closed_book", "n")}
     from selfrag_jax.models.checkpoint import load_model
 
     tok = load_model(models / "generator")[2]

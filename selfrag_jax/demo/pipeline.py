@@ -22,7 +22,7 @@ ASSETS = Path(__file__).resolve().parents[1] / "assets" / "default"
 # Step budgets. "full" is what the shipped models were trained with; "reduced" is the
 # `demo --retrain` budget (about 45 minutes on 2 cores).
 BUDGETS = {
-    "full": {"base": 700, "critic": 0, "generator": 0},  # 0: the config's epochs
+    "full": {"base": 1500, "critic": 0, "generator": 0},  # 0: the config's epochs
     "reduced": {"base": 350, "critic": 120, "generator": 150},
 }
 
@@ -74,6 +74,15 @@ class Stages:
         final = train(cfg)
         return {"steps": final["num_steps"], "final_loss": final.get("loss")}
 
+    def base_reading(self):
+        """How well the base model reads held-out passages: what the generator can build on."""
+        from selfrag_jax.demo.probe import reading_accuracy
+
+        result = reading_accuracy(self.out / "base", self.out / "world", n=200)
+        self.log(f"base model, held-out questions: {result['with_passage']:.2f} match with the gold passage, "
+                 f"{result['closed_book']:.2f} without")
+        return result
+
     def annotate(self):
         from selfrag_jax.data.annotate import Critic, annotate, read_pairs
         from selfrag_jax.models.checkpoint import load_model
@@ -108,6 +117,7 @@ class Stages:
         self.stage("index", self.index)
         self.stage("base", lambda: self.train("base", [f"model.tokenizer={world}/tokenizer",
                                                        f"data.train_files=[{world}/pretrain.jsonl]"]))
+        self.stage("base_reading", self.base_reading)
         self.stage("critic", lambda: self.train("critic", [f"model.init_from={self.out / 'base'}",
                                                            f"data.train_files=[{world}/train/critic.jsonl]"]))
         self.stage("annotate", self.annotate)
