@@ -120,7 +120,9 @@ def bench_scann(db: np.ndarray, queries: np.ndarray, truth: np.ndarray, args) ->
     # efSearch is for HNSW); the fastest of those wins. No tree: only the depth varies.
     fractions = (0.005, 0.01, 0.015, 0.02, 0.03, 0.04, 0.06, 0.08, 0.12, 0.2)
     leaf_options = sorted({max(1, round(params.num_leaves * f)) for f in fractions}) if params.num_leaves else [None]
-    reorder_options = sorted({r for r in (50, 100, 200, params.reorder) if r <= params.reorder}) if params.reorder else [None]
+    # The re-scoring depth is a search-time knob too (ScaNN re-scores any number of AH
+    # candidates exactly): deeper than the built default is allowed, as efSearch is.
+    reorder_options = sorted({50, 100, 200, 400, 800, params.reorder}) if params.reorder else [None]
     sweep, best = [], None
     for reorder in reorder_options:
         for leaves in leaf_options:

@@ -49,3 +49,13 @@ def ragged_batch(vocab: int, lengths=(23, 17, 9, 1), seed: int = 0):
     for i, n in enumerate(lengths):
         mask[i, :n] = 1
     return tokens, mask, list(lengths)
+
+
+def build_test_world(out) -> dict:
+    """The bundled world as `make train-default` builds it (same people, passages, training
+    and eval files), with fewer fresh-people pretraining documents: the tokenizer is trained
+    on less text, so the build takes seconds instead of a minute or two."""
+    from selfrag_jax.world import WorldConfig, build_world
+    from selfrag_jax.world.pretrain import PretrainConfig
+
+    return build_world(str(out), config=WorldConfig(pretrain=PretrainConfig(n_fresh_reading=2000)))

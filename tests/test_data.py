@@ -18,7 +18,7 @@ from selfrag_jax.data import (
 )
 from selfrag_jax.data.records import JsonlIndex
 from selfrag_jax.tokenizer import SelfRAGTokenizer
-from tests.helpers import make_tokenizer
+from tests.helpers import build_test_world, make_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,10 +33,8 @@ def tok(tmp_path_factory):
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     """The bundled world's training files, trimmed to a few hundred records."""
-    from selfrag_jax.world import build_world
-
     out = tmp_path_factory.mktemp("world")
-    build_world(str(out), seed=0)
+    build_test_world(out)
     small = out / "small"
     small.mkdir()
     for name, n in (("generator", 300), ("critic", 5000)):
@@ -409,8 +407,10 @@ def test_preview_default_tokenizer_is_the_worlds(world, tmp_path):
               env={"SELFRAG_JAX_CACHE": str(tmp_path / "cache")})
     assert res.returncode == 0, res.stderr
     row = json.loads(res.stdout)
-    wtok = SelfRAGTokenizer.from_pretrained(world / "tokenizer")
+    from selfrag_jax.demo.pipeline import ASSETS
+
+    wtok = SelfRAGTokenizer.from_pretrained(ASSETS / "generator")  # the shipped models' tokenizer
     first = json.loads((world / "small" / "critic.jsonl").read_text().splitlines()[0])
     first["type"] = "retrieve"
     assert row["ids"] == encode_record(first, "critic", wtok, MaskConfig()).tokens.tolist()
-    assert (tmp_path / "cache" / "world-seed0" / "tokenizer" / "tokenizer.json").exists()
+    assert not (tmp_path / "cache").exists()  # nothing built when the models are shipped

@@ -17,14 +17,13 @@ from selfrag_jax.data import (  # noqa: E402
     BATCH_KEYS, DataConfig, MaskConfig, RecordError, batches, critic_tasks, generator_task, iter_records,
 )
 from selfrag_jax.tokenizer import SelfRAGTokenizer  # noqa: E402
+from tests.helpers import build_test_world  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    from selfrag_jax.world import build_world
-
     out = tmp_path_factory.mktemp("world")
-    build_world(str(out), seed=0)
+    build_test_world(out)
     small = out / "small"
     small.mkdir()
     gen = (out / "train" / "generator.jsonl").read_text().splitlines()[:80]

@@ -19,10 +19,10 @@ def test_demo_fast_variant(tmp_path, capsys):
     from selfrag_jax.models.hf import export_hf
     from selfrag_jax.models.llama import init_params
     from selfrag_jax.tokenizer import SelfRAGTokenizer
-    from selfrag_jax.world import build_world
+    from helpers import build_test_world
 
     work = tmp_path / "work"
-    build_world(str(work / "world"))
+    build_test_world(work / "world")
     (work / "world.done").write_text("{}")
     tok = SelfRAGTokenizer.from_pretrained(work / "world" / "tokenizer")
     tok.save(tmp_path / "tok")

@@ -175,10 +175,10 @@ def test_tiny_generator_learns_a_small_selfrag_set(tmp_path):
     from selfrag_jax.inference.decode import greedy_generate, pad_batch
     from selfrag_jax.tokenizer import SelfRAGTokenizer
     from selfrag_jax.training.main import make_data
-    from selfrag_jax.world import build_world
+    from helpers import build_test_world
 
     world = tmp_path / "world"
-    build_world(world)
+    build_test_world(world)
     records = [json.loads(x) for x in (world / "train" / "generator.jsonl").read_text().splitlines()]
     picked = [r for r in records if "[Continue" not in r["output"] and len(r["output"]) < 500][:16]
     (tmp_path / "small.jsonl").write_text("".join(json.dumps(r) + "\n" for r in picked))

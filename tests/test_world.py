@@ -19,7 +19,7 @@ from selfrag_jax.world.critic_data import LABELS
 from selfrag_jax.world.pretrain import PretrainConfig
 
 SMALL = WorldConfig(seed=3, n_people=400, n_ghosts=80, n_generator=1500, n_raw=400, n_critic_per_type=120,
-                    vocab_size=1500, pretrain=PretrainConfig(n_lookups=400, n_reading=400, n_no_retrieval=100),
+                    vocab_size=1500, pretrain=PretrainConfig(n_lookups=400, n_reading=400, n_fresh_reading=1500, n_no_retrieval=100),
                     n_eval_factcheck=40, n_eval_mc=40, n_eval_longform=20, n_eval_no_retrieval=20)
 RECORD_KEYS = ["instruction", "input", "output", "id", "dataset_name"]
 TRAINING_FILES = ("train/generator.jsonl", "train/generator_meta.jsonl", "train/raw.jsonl", "train/raw_meta.jsonl",

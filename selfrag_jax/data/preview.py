@@ -26,7 +26,12 @@ def cache_dir() -> Path:
 
 
 def world_tokenizer_dir() -> Path:
-    """The bundled world's tokenizer folder, building the world into the cache if needed."""
+    """The bundled world's tokenizer: the shipped generator's (it was trained with it), or,
+    without shipped models, the tokenizer of the world built into the cache."""
+    from selfrag_jax.demo.pipeline import ASSETS
+
+    if (ASSETS / "generator" / "tokenizer.json").exists():
+        return ASSETS / "generator"
     world = cache_dir() / "world-seed0"
     tok_dir = world / "tokenizer"
     if (world / "manifest.json").exists() and (tok_dir / "tokenizer.json").exists():

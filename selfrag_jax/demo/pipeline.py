@@ -22,7 +22,7 @@ ASSETS = Path(__file__).resolve().parents[1] / "assets" / "default"
 # Step budgets. "full" is what the shipped models were trained with; "reduced" is the
 # `demo --retrain` budget (about 45 minutes on 2 cores).
 BUDGETS = {
-    "full": {"base": 1500, "critic": 0, "generator": 0},  # 0: the config's epochs
+    "full": {"base": 2000, "critic": 0, "generator": 0},  # 0: the config's epochs
     "reduced": {"base": 350, "critic": 120, "generator": 150},
 }
 

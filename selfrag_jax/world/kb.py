@@ -128,10 +128,13 @@ class KnowledgeBase:
     orgs: list[Org]
     ghosts: list[Ghost]
     _by_first: dict[str, list[Person]] = field(default_factory=dict, repr=False)
+    _by_value: dict[tuple[str, str], list[Person]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         for p in self.people:
             self._by_first.setdefault(p.first, []).append(p)
+            for attr in ("first", "occupation", "birthplace"):
+                self._by_value.setdefault((attr, getattr(p, attr)), []).append(p)
 
     @property
     def train_people(self) -> list[Person]:
@@ -144,12 +147,9 @@ class KnowledgeBase:
     def lookalikes(self, person: Person, split: str | None = "train") -> dict[str, list[Person]]:
         """Other people sharing the first name, occupation or birthplace with `person`,
         restricted to one split (training data may only use training people)."""
-        pool = [p for p in self.people if p.id != person.id and (split is None or p.split == split)]
-        return {
-            "first": [p for p in pool if p.first == person.first],
-            "occupation": [p for p in pool if p.occupation == person.occupation],
-            "birthplace": [p for p in pool if p.birthplace == person.birthplace],
-        }
+        return {attr: [p for p in self._by_value[(attr, getattr(person, attr))]
+                       if p.id != person.id and (split is None or p.split == split)]
+                for attr in ("first", "occupation", "birthplace")}
 
 
 def article(word: str) -> str:

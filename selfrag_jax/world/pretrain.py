@@ -27,9 +27,9 @@ class PretrainConfig:
     # once: nothing about them can be memorised, so answering needs reading the passage.
     # small-models.md: with a fixed set of people a tiny model memorises (held-out reading
     # accuracy stayed at 3% after 5.7M tokens); fresh entities are what made it read.
-    n_fresh_reading: int = 12000
+    n_fresh_reading: int = 60000
     n_no_retrieval: int = 1000  # copy / reverse / count / sum, as plain question-answer text
-    questions_per_reading: int = 2
+    questions_per_reading: int = 3
 
 
 def _qa(q: str, a: str) -> str:
