@@ -99,6 +99,17 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
 # --------------------------------------------------------------------------------------
 # Layers
 # --------------------------------------------------------------------------------------
+def dense(x: jax.Array, w: jax.Array, n_in: int = 1) -> jax.Array:
+    """x [..., *w.shape[:n_in]] times w -> [..., *w.shape[n_in:]], as one 2-D matmul.
+
+    Merging the leading (batch, length) dims is a free reshape on every backend; XLA:CPU
+    otherwise physically transposes 3-D activations for the weight gradients (measured:
+    the MLP's forward and backward 30% faster on 2 cores, `bench/bench_train.py`)."""
+    lead, out = x.shape[:x.ndim - n_in], w.shape[n_in:]
+    k = math.prod(w.shape[:n_in])
+    return (x.reshape(-1, k) @ w.reshape(k, -1)).reshape(*lead, *out)
+
+
 def _param(module: nn.Module, name: str, shape: tuple[int, ...], logical: tuple[str, ...], init=None):
     cfg = module.config
     init = init or nn.initializers.normal(cfg.initializer_range)
@@ -129,9 +140,9 @@ class Attention(nn.Module):
         wv = _param(self, "wv", (e, kv, d), ("embed", "kv_heads", "head_dim"))
         wo = _param(self, "wo", (h, d, e), ("heads", "head_dim", "embed"))
 
-        q = checkpoint_name(jnp.einsum("bse,ehd->bshd", x, wq.astype(dt)), "query_proj")
-        k = checkpoint_name(jnp.einsum("bse,ehd->bshd", x, wk.astype(dt)), "key_proj")
-        v = checkpoint_name(jnp.einsum("bse,ehd->bshd", x, wv.astype(dt)), "value_proj")
+        q = checkpoint_name(dense(x, wq.astype(dt)), "query_proj")  # [batch, length, heads, head_dim]
+        k = checkpoint_name(dense(x, wk.astype(dt)), "key_proj")
+        v = checkpoint_name(dense(x, wv.astype(dt)), "value_proj")
         q = constrain(apply_rope(q, cos, sin), "activation_batch", "activation_length", "activation_heads", None)
         k = apply_rope(k, cos, sin)
         k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [batch, kv_heads, length, head_dim]
@@ -153,7 +164,7 @@ class Attention(nn.Module):
         scores = jnp.where(mask[:, None, None, :, :], scores, NEG_INF)
         probs = jax.nn.softmax(scores, axis=-1).astype(dt)
         out = jnp.einsum("bkgst,bktd->bskgd", probs, v).reshape(b, s, h, d)
-        out = checkpoint_name(jnp.einsum("bshd,hde->bse", out, wo.astype(dt)), "out_proj")
+        out = checkpoint_name(dense(out, wo.astype(dt), 2), "out_proj")
         return out, new_cache
 
 
@@ -167,9 +178,9 @@ class MLP(nn.Module):
         gate = _param(self, "gate", (cfg.hidden_size, cfg.intermediate_size), ("embed", "mlp"))
         up = _param(self, "up", (cfg.hidden_size, cfg.intermediate_size), ("embed", "mlp"))
         down = _param(self, "down", (cfg.intermediate_size, cfg.hidden_size), ("mlp", "embed"))
-        hidden = jax.nn.silu(x @ gate.astype(dt)) * (x @ up.astype(dt))
+        hidden = jax.nn.silu(dense(x, gate.astype(dt))) * dense(x, up.astype(dt))
         hidden = constrain(hidden, "activation_batch", "activation_length", "activation_mlp")
-        return hidden @ down.astype(dt)
+        return dense(hidden, down.astype(dt))
 
 
 class DecoderLayer(nn.Module):
@@ -272,7 +283,7 @@ class Llama(nn.Module):
     def logits(self, hidden: jax.Array) -> jax.Array:
         """Output projection in float32 (the loss and reflection-token probabilities need it)."""
         w = self.embedding.T if self.config.tie_word_embeddings else self.lm_head
-        logits = jnp.einsum("bse,ev->bsv", hidden.astype(jnp.float32), w.astype(jnp.float32))
+        logits = dense(hidden.astype(jnp.float32), w.astype(jnp.float32))
         return constrain(logits, "activation_batch", "activation_length", "activation_vocab")
 
 
