@@ -60,6 +60,26 @@ def test_gradient_accumulation_equals_one_big_batch(tmp_path, reference):
     assert abs(one[0] - reference[0][0]) > 1e-4  # per-token averaging is a different loss
 
 
+def test_cross_entropy_matches_autodiff_of_log_softmax():
+    import jax.numpy as jnp
+
+    from selfrag_jax.training.trainer import cross_entropy
+
+    k = jax.random.split(jax.random.key(0), 3)
+    logits = jax.random.normal(k[0], (3, 7, 61)) * 4
+    targets = jax.random.randint(k[1], (3, 7), 0, 61)
+    weights = jax.random.uniform(k[2], (3, 7))
+
+    def reference(x):
+        return jnp.sum(weights * -jnp.take_along_axis(jax.nn.log_softmax(x), targets[..., None], -1)[..., 0])
+
+    def ours(x):
+        return jnp.sum(weights * cross_entropy(x, targets))
+
+    np.testing.assert_allclose(ours(logits), reference(logits), rtol=1e-6)
+    np.testing.assert_allclose(jax.jit(jax.grad(ours))(logits), jax.grad(reference)(logits), atol=1e-6)
+
+
 def test_loss_falls_on_repeated_data(tmp_path):
     class Repeat(SyntheticData):
         def batch(self, index):

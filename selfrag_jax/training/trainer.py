@@ -94,13 +94,39 @@ def make_optimizer(cfg: TrainConfig, num_steps: int) -> optax.GradientTransforma
     )
 
 
+@jax.custom_vjp
+def cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
+    """-log softmax(logits)[target] per position, float32.
+
+    The gradient is written out, softmax - one_hot, as one elementwise pass over the logits:
+    autodiff of log_softmax + take_along_axis materialises a zero array of the logits' size
+    and scatters into it (a full extra pass over [tokens, vocab] on CPU)."""
+    return _cross_entropy_fwd(logits, targets)[0]
+
+
+def _cross_entropy_fwd(logits, targets):
+    logits = logits.astype(jnp.float32)
+    lse = jax.nn.logsumexp(logits, axis=-1)
+    nll = lse - jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+    return nll, (logits, lse, targets)
+
+
+def _cross_entropy_bwd(res, g):
+    logits, lse, targets = res
+    one_hot = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1) == targets[..., None]
+    grad = (jnp.exp(logits - lse[..., None]) - one_hot) * g[..., None]
+    return grad, None
+
+
+cross_entropy.defvjp(_cross_entropy_fwd, _cross_entropy_bwd)
+
+
 def loss_terms(params, batch: dict[str, jax.Array], model: Llama, averaging: str):
     """(numerator, (denominator, correct, trained tokens)) so that accumulation over
     micro-batches gives exactly the loss of the whole batch: loss = sum(num) / sum(den)."""
     logits, _ = model.apply({"params": params}, batch["inputs"], positions=batch["positions"],
                             segment_ids=batch["segment_ids"])
-    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    nll = -jnp.take_along_axis(logp, batch["targets"][..., None], axis=-1)[..., 0]
+    nll = cross_entropy(logits, batch["targets"])
     w = batch["loss_weights"].astype(jnp.float32)
     correct = jnp.sum((jnp.argmax(logits, -1) == batch["targets"]) * (w > 0))
     trained = jnp.sum(w > 0)
