@@ -85,4 +85,6 @@ def run(args: argparse.Namespace) -> int:
     if distributed.is_main() and "loss" in final:
         print(f"step {final['step']}: loss {final['loss']:.4f}, {final['tokens_per_s']:.0f} tokens/s, "
               f"MFU {final['mfu']:.1%}; checkpoints in {cfg.run_dir}/checkpoints")
-    return 0
+    # Stopped by SIGTERM: not finished, so not exit 0 (a scheduler or tpu/retry.sh would
+    # take 0 for done); 143 is the shell's code for a SIGTERM.
+    return 143 if final.get("preempted") else 0

@@ -356,6 +356,7 @@ class Trainer:
                     ckpt.save(done, state, data_state, force_sync=preempted or done == num_steps)
                 if preempted:
                     logger.message(f"SIGTERM: saved step {done} and stopped; run the same command to resume")
+                    last = {**last, "preempted": True}
                     break
         finally:
             signal.signal(signal.SIGTERM, previous)
