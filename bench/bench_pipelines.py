@@ -85,7 +85,8 @@ def make_items(w: Workload, k: int, base_vocab: int, seed: int = 0):
     return items
 
 
-def latency(w: Workload) -> dict[str, Any]:
+def latency(w: Workload, on_k=None) -> dict[str, Any]:
+    """Median seconds per pipeline and K; `on_k(by_k)` after each K (partial results)."""
     from selfrag_jax.inference.engine import ControlIds, Engine
     from selfrag_jax.inference.scoring import RetrieveOptions
     from selfrag_jax.inference.selfrag import GenerateOptions, ShortForm
@@ -111,6 +112,8 @@ def latency(w: Workload) -> dict[str, Any]:
                               "decode_tokens": (engine.tokens.decode - decode) // w.repeats}
         rows["selfrag_over_naive"] = rows["selfrag"]["median_s"] / rows["naive"]["median_s"]
         by_k[str(k)] = rows
+        if on_k:
+            on_k(by_k)
     return {"by_k": by_k, "compiled_programs": engine.compiled_programs()}
 
 
@@ -237,9 +240,13 @@ def main(argv=None) -> int:
     else:
         w = SMALL if args.small else FULL
         result["workload"] = asdict(w)
-        result.update(latency(w))
-        result["summary"] = latency_summary(result, args.small)
         name = "pipelines_small" if args.small else "pipelines"
+
+        def partial(by_k: dict[str, Any]) -> None:  # a run cut short keeps the K values it finished
+            write_result(name, {**result, "by_k": by_k, "summary": latency_summary({"by_k": by_k}, args.small)})
+
+        result.update(latency(w, partial))
+        result["summary"] = latency_summary(result, args.small)
     path = write_result(name, result)
     for row in result["summary"]:
         print(f"{row['what']}: {row['ours']} vs {row['peer']}"
