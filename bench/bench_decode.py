@@ -31,7 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from bench.common import write_result
+
 
 
 @dataclass(frozen=True)
@@ -120,16 +121,13 @@ def matmul_peak(n: int, accelerator: bool = False) -> dict[str, float]:
     import jax
     import jax.numpy as jnp
 
-    a = np.random.default_rng(0).standard_normal((n, n), np.float32)
-    ja = jnp.asarray(a, jnp.bfloat16 if accelerator else jnp.float32)
-    fns = {"jax": lambda: jnp.dot(ja, ja).block_until_ready()}
+    from selfrag_jax.training.trainer import measure_matmul_peak
+
+    out = {"jax": measure_matmul_peak(n, 3, jnp.bfloat16 if accelerator else jnp.float32) / 1e9}
     if not accelerator:
-        fns["numpy"] = lambda: a @ a
-    out = {}
-    for name, fn in fns.items():
-        fn()
-        best = min(_timed(fn) for _ in range(3))
-        out[name] = 2 * n**3 / best / 1e9
+        a = np.random.default_rng(0).standard_normal((n, n), np.float32)
+        a @ a
+        out["numpy"] = 2 * n**3 / min(_timed(lambda: a @ a) for _ in range(3)) / 1e9
     jax.clear_caches()
     return out
 
@@ -187,15 +185,11 @@ def main(argv=None) -> int:
                                                    "device": jax.devices()[0].device_kind},
               "weights": "bfloat16" if args.accelerator else "float32",
               "versions": {"jax": jax.__version__, "torch": torch.__version__}}
-    out = args.out or RESULTS / ("decode_small.json" if args.small else
-                                 "decode_gpu.json" if args.accelerator else "decode.json")
+    name = "decode_small" if args.small else "decode_gpu" if args.accelerator else "decode"
 
-    def save() -> None:
-        """Rewrite the results file with what is measured so far (atomically)."""
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(out.name + ".tmp")
-        tmp.write_text(json.dumps(result, indent=2) + "\n")
-        os.replace(tmp, out)
+    def save() -> Path:
+        """Rewrite the results file with what is measured so far."""
+        return write_result(name, result, args.out)
 
     engine = Engine(params, config, ids, w.new_tokens)
     t_first = _timed(lambda: run_ours(engine, prompts, passages))  # includes compilation
@@ -250,10 +244,10 @@ def main(argv=None) -> int:
         result["seconds_by_k"] = sweep
         save()
     result["compiled_programs_total"] = engine.compiled_programs()
-    save()
+    path = save()
     print(json.dumps({k: result[k] for k in ("ours", "reference", "speedup_vs_reference", "one_at_a_time",
                                              "roofline", "seconds_by_k")}, indent=2))
-    print(f"wrote {out}")
+    print(f"wrote {path}")
     return 0
 
 

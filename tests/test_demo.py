@@ -49,10 +49,9 @@ def test_demo_fast_variant(tmp_path, capsys):
 
     from selfrag_jax.demo.probe import reading_accuracy, reading_prompts
 
-    prompts, answers = reading_prompts(work / "world", n=3)
+    prompts, closed, answers = reading_prompts(work / "world", n=3)
     assert len(prompts) == 3 and all(p.endswith("\nAnswer: ") and "\n\nQuestion: " in p for p in prompts)
     assert all(a and isinstance(a[0], str) for a in answers)
-    closed, _ = reading_prompts(work / "world", n=3, with_passage=False)
     assert all(c.startswith("Question: ") and p.endswith(c) for c, p in zip(closed, prompts))
     probe = reading_accuracy(tmp_path / "models" / "generator", work / "world", n=4, batch_size=3)
     assert probe["n"] == 4 and 0 <= probe["with_passage"] <= 1 and 0 <= probe["closed_book"] <= 1

@@ -18,56 +18,48 @@ import jax.numpy as jnp
 import numpy as np
 
 from selfrag_jax import tokens as T
+from selfrag_jax.world.pretrain import qa_text
 
 
-def reading_prompts(world_dir: str | Path, n: int = 200, with_passage: bool = True) -> tuple[list[str], list[list[str]]]:
-    """Prompt texts and gold answers of the first `n` held-out factual questions."""
+def reading_prompts(world_dir: str | Path, n: int = 200) -> tuple[list[str], list[str], list[list[str]]]:
+    """(prompts with the gold passage, the same prompts without it, gold answers) of the
+    first `n` held-out factual questions."""
     world = Path(world_dir)
     with open(world / "passages.jsonl") as f:
         passages = {p["id"]: p for p in map(json.loads, f)}
-    prompts, answers = [], []
     with open(world / "eval" / "world_qa.jsonl") as f:
-        for line in f:
-            rec = json.loads(line)
-            gold = passages[rec["meta"]["gold_passage_ids"][0]]
-            head = T.passage_text(gold["title"], gold["text"]) + "\n\n" if with_passage else ""
-            prompts.append(f"{head}Question: {rec['question']}\nAnswer: ")
-            answers.append(rec["answers"])
-            if len(prompts) == n:
-                break
-    return prompts, answers
+        records = [json.loads(line) for _, line in zip(range(n), f)]
+    closed = [qa_text(r["question"], "") for r in records]
+    gold = [passages[r["meta"]["gold_passage_ids"][0]] for r in records]
+    reading = [T.passage_text(g["title"], g["text"]) + "\n\n" + c for g, c in zip(gold, closed)]
+    return reading, closed, [r["answers"] for r in records]
 
 
 def reading_accuracy(model_dir: str | Path, world_dir: str | Path, n: int = 200, batch_size: int = 50,
                      max_new_tokens: int = 12) -> dict:
     """{"with_passage": match rate, "closed_book": match rate, "n": questions, "examples": [...]}."""
     from selfrag_jax.evaluation.metrics import match
-    from selfrag_jax.inference.decode import greedy_generate
+    from selfrag_jax.inference.decode import greedy_generate, pad_batch
     from selfrag_jax.models.checkpoint import load_model
 
     config, params, tok, _ = load_model(model_dir)
-    newline = tok.encode_text("\n")
-    stop = jnp.asarray(sorted({tok.eos_id, *newline[-1:]}), jnp.int32)  # an answer is one line
-    out: dict = {"n": 0, "examples": []}
-    for with_passage in (True, False):
-        prompts, answers = reading_prompts(world_dir, n, with_passage)
+    stop = jnp.asarray(sorted({tok.eos_id, *tok.encode_text("\n")[-1:]}), jnp.int32)  # an answer is one line
+    reading, closed, answers = reading_prompts(world_dir, n)
+    out: dict = {"n": len(answers), "examples": []}
+    for key, prompts in (("with_passage", reading), ("closed_book", closed)):
         hits = 0
         for start in range(0, len(prompts), batch_size):
-            chunk = [[tok.bos_id, *tok.encode_text(p)] for p in prompts[start:start + batch_size]]
-            width = max(map(len, chunk))
-            ids = np.zeros((len(chunk), width), np.int32)
-            for i, row in enumerate(chunk):
-                ids[i, :len(row)] = row
-            new, _ = greedy_generate(params, config, jnp.asarray(ids), jnp.asarray([len(r) for r in chunk]),
-                                     max_new_tokens, stop, tok.eos_id)
+            tokens, lengths = pad_batch([[tok.bos_id, *tok.encode_text(p)] for p in prompts[start:start + batch_size]],
+                                        tok.eos_id)
+            new, _ = greedy_generate(params, config, jnp.asarray(tokens), jnp.asarray(lengths), max_new_tokens,
+                                     stop, tok.eos_id)
             for i, row in enumerate(np.asarray(new)):
                 text = tok.decode(row[row != tok.eos_id]).strip().split("\n")[0]
                 gold = answers[start + i]
                 hits += match(text, gold)
-                if with_passage and len(out["examples"]) < 5:
+                if key == "with_passage" and len(out["examples"]) < 5:
                     out["examples"].append({"prompt_tail": prompts[start + i][-60:], "answer": text, "gold": gold})
-        out["with_passage" if with_passage else "closed_book"] = hits / max(len(prompts), 1)
-        out["n"] = len(prompts)
+        out[key] = hits / max(len(prompts), 1)
     return out
 
 

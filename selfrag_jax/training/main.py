@@ -61,7 +61,8 @@ def examples_per_batch(stream) -> float:
 
 def train(cfg) -> dict:
     """Model, data and steps from `cfg`, then the trainer; returns the last logged metrics.
-    Shared by `selfrag-jax train` and the embedded default's pipeline."""
+    Shared by `selfrag-jax train` and the embedded default's pipeline. Stopped by SIGTERM
+    (state saved), it raises SystemExit(143)."""
     from selfrag_jax.training.trainer import Trainer, build_model, resolve_num_steps, write_run_config
 
     model_config, init_params, tokenizer = build_model(cfg)
@@ -72,6 +73,10 @@ def train(cfg) -> dict:
     num_steps = resolve_num_steps(cfg, n_examples, per_step)
     write_run_config(cfg, model_config)
     final = Trainer(cfg, model_config, tokenizer, init_params).fit(data, num_steps, eval_data)
+    if final.get("preempted"):
+        # Saved but not finished: exit 143, the shell's code for SIGTERM, never 0 (a
+        # scheduler, tpu/retry.sh or the default pipeline would take 0 for done).
+        raise SystemExit(143)
     return {**final, "num_steps": num_steps}
 
 
@@ -85,6 +90,4 @@ def run(args: argparse.Namespace) -> int:
     if distributed.is_main() and "loss" in final:
         print(f"step {final['step']}: loss {final['loss']:.4f}, {final['tokens_per_s']:.0f} tokens/s, "
               f"MFU {final['mfu']:.1%}; checkpoints in {cfg.run_dir}/checkpoints")
-    # Stopped by SIGTERM: not finished, so not exit 0 (a scheduler or tpu/retry.sh would
-    # take 0 for done); 143 is the shell's code for a SIGTERM.
-    return 143 if final.get("preempted") else 0
+    return 0

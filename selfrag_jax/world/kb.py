@@ -127,12 +127,10 @@ class KnowledgeBase:
     places: list[Place]
     orgs: list[Org]
     ghosts: list[Ghost]
-    _by_first: dict[str, list[Person]] = field(default_factory=dict, repr=False)
     _by_value: dict[tuple[str, str], list[Person]] = field(default_factory=dict, repr=False)
 
-    def __post_init__(self) -> None:
+    def __post_init__(self) -> None:  # people by (attribute, value), for `lookalikes`
         for p in self.people:
-            self._by_first.setdefault(p.first, []).append(p)
             for attr in ("first", "occupation", "birthplace"):
                 self._by_value.setdefault((attr, getattr(p, attr)), []).append(p)
 

@@ -32,8 +32,22 @@ class PretrainConfig:
     questions_per_reading: int = 3
 
 
-def _qa(q: str, a: str) -> str:
+def qa_text(q: str, a: str) -> str:
+    """One question-answer pair as pretraining text; `qa_text(q, "")` is the prompt that asks
+    for the answer (the reading probe, selfrag_jax/demo/probe.py)."""
     return f"Question: {q}\nAnswer: {a}"
+
+
+def reading_doc(world: World, person, rng: random.Random, split: str, n_questions: int) -> str:
+    """One of the person's passages (beside a look-alike half of the time: answer from the
+    passage with the right name), then questions about facts it states."""
+    own = rng.choice(world.by_entity[person.id])
+    shown = [own]
+    if rng.random() < 0.5:
+        shown.insert(rng.randrange(2), lookalike_passage(world, person, rng, split))
+    attrs = rng.sample(sorted(own.facts), min(n_questions, len(own.facts)))
+    qs = [qa_text(rng.choice(QUESTIONS[a]).format(name=person.name), own.facts[a]) for a in attrs]
+    return "\n\n".join([*(passage_text(s.title, s.text) for s in shown), *qs])
 
 
 def pretrain_texts(world: World, seed: int, cfg: PretrainConfig = PretrainConfig()) -> Iterator[str]:
@@ -49,27 +63,20 @@ def pretrain_texts(world: World, seed: int, cfg: PretrainConfig = PretrainConfig
         lines = []
         for _ in range(min(4, cfg.n_lookups - start)):
             p, a = rng.choice(people), rng.choice(list(QUESTIONS))
-            lines.append(_qa(rng.choice(QUESTIONS[a]).format(name=p.name), p.value(a)))
+            lines.append(qa_text(rng.choice(QUESTIONS[a]).format(name=p.name), p.value(a)))
         docs.append("\n\n".join(lines))
     for pl in world.kb.places:
-        docs.append(_qa(f"In which province is {pl.name}?", pl.province))
+        docs.append(qa_text(f"In which province is {pl.name}?", pl.province))
     for o in world.kb.orgs:
-        docs.append(_qa(f"Where is {o.name} based?", o.town))
+        docs.append(qa_text(f"Where is {o.name} based?", o.town))
 
     for _ in range(cfg.n_reading):
-        p = rng.choice(people)
-        own = rng.choice(world.by_entity[p.id])
-        shown = [own]
-        if rng.random() < 0.5:  # a look-alike beside it: answer from the passage with the right name
-            shown.insert(rng.randrange(2), lookalike_passage(world, p, rng, "train"))
-        attrs = rng.sample(sorted(own.facts), min(cfg.questions_per_reading, len(own.facts)))
-        qs = [_qa(rng.choice(QUESTIONS[a]).format(name=p.name), own.facts[a]) for a in attrs]
-        docs.append("\n\n".join([*(passage_text(s.title, s.text) for s in shown), *qs]))
+        docs.append(reading_doc(world, rng.choice(people), rng, "train", cfg.questions_per_reading))
 
     docs.extend(fresh_reading(world, seed, cfg))
     for _ in range(cfg.n_no_retrieval):
         t = tasks.no_retrieval()
-        docs.append(_qa(t.instruction, t.answer))
+        docs.append(qa_text(t.instruction, t.answer))
     rng.shuffle(docs)
     yield from docs
 
@@ -87,13 +94,4 @@ def fresh_reading(world: World, seed: int, cfg: PretrainConfig) -> list[str]:
     fresh = make_world(seed + 1_000_003, cfg.n_fresh_reading + cfg.n_fresh_reading // 4)
     rng = random.Random(seed * 7 + 11)
     people = [p for p in fresh.kb.people if p.first not in taken and p.last not in taken]
-    docs = []
-    for p in people[: cfg.n_fresh_reading]:
-        own = rng.choice(fresh.by_entity[p.id])
-        shown = [own]
-        if rng.random() < 0.5:
-            shown.insert(rng.randrange(2), lookalike_passage(fresh, p, rng, p.split))
-        attrs = rng.sample(sorted(own.facts), min(cfg.questions_per_reading, len(own.facts)))
-        qs = [_qa(rng.choice(QUESTIONS[a]).format(name=p.name), own.facts[a]) for a in attrs]
-        docs.append("\n\n".join([*(passage_text(s.title, s.text) for s in shown), *qs]))
-    return docs
+    return [reading_doc(fresh, p, rng, p.split, cfg.questions_per_reading) for p in people[: cfg.n_fresh_reading]]
