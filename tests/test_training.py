@@ -185,6 +185,31 @@ def test_config_errors_name_the_key(tmp_path):
         Trainer(cfg, MODEL, mesh=sharding.make_mesh("1,3,1", jax.devices()[:3]))
 
 
+def test_mixture_rates_per_critic_type_and_unknown_keys(tmp_path):
+    from selfrag_jax.training.main import make_data
+    from selfrag_jax.world.critic_data import LABELS
+
+    from tests.helpers import make_tokenizer
+
+    from selfrag_jax.tokenizer import SelfRAGTokenizer
+
+    make_tokenizer(tmp_path / "tok")
+    tok = SelfRAGTokenizer.from_pretrained(tmp_path / "tok")
+    path = tmp_path / "critic.jsonl"
+    with open(path, "w") as f:
+        for i, kind in enumerate(["retrieve_input", "isrel", "issup", "isuse"] * 5):
+            f.write(json.dumps({"instruction": "i", "input": f"x{i}", "output": LABELS[kind][0], "id": str(i),
+                                "dataset_name": f"critic_{kind}"}) + "\n")
+    cfg = load_config(None, ["data.task=critic", f"data.train_files=[{path}]", "data.seq_len=64",
+                             "global_batch_size=4", "data.mixture_rates={isrel: 7.0}"])
+    stream, _ = make_data(cfg, tok, MODEL)
+    rates = {t.critic_type: t.rate for t in stream.cfg.tasks}
+    assert rates == {"retrieve": 1.0, "isrel": 7.0, "issup": 1.0, "isuse": 1.0}
+    cfg = load_config(None, ["data.task=critic", f"data.train_files=[{path}]", "data.mixture_rates={isrle: 2}"])
+    with pytest.raises(ValueError, match=r"data\.mixture_rates: unknown key\(s\) \['isrle'\]"):
+        make_data(cfg, tok, MODEL)
+
+
 @pytest.mark.slow
 def test_tiny_generator_learns_a_small_selfrag_set(tmp_path):
     """Loss falls by 90% on 16 world examples, and greedy decoding after each example's

@@ -52,9 +52,12 @@ def generator_task(path: str, rate: float = 1.0, name: str = "generator") -> Tas
     return TaskSpec(name, str(path), "generator", None, rate)
 
 
-def critic_tasks(path: str, rate: float = 1.0, types: Sequence[str] = CRITIC_TYPES, prefix: str = "critic") -> tuple[TaskSpec, ...]:
-    """One task per reflection-token type, each with `rate`."""
-    return tuple(TaskSpec(f"{prefix}_{t}", str(path), "critic", t, rate) for t in types)
+def critic_tasks(path: str, rate: float = 1.0, types: Sequence[str] = CRITIC_TYPES, prefix: str = "critic",
+                 type_rates: dict[str, float] | None = None) -> tuple[TaskSpec, ...]:
+    """One task per reflection-token type, each with `rate` times its `type_rates` entry (1 if
+    absent): a hard type (IsRel for a tiny critic) can be drawn more often."""
+    type_rates = type_rates or {}
+    return tuple(TaskSpec(f"{prefix}_{t}", str(path), "critic", t, rate * type_rates.get(t, 1.0)) for t in types)
 
 
 @dataclass(frozen=True)
