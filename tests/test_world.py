@@ -19,11 +19,13 @@ from selfrag_jax.world.critic_data import LABELS
 from selfrag_jax.world.pretrain import PretrainConfig
 
 SMALL = WorldConfig(seed=3, n_people=400, n_ghosts=80, n_generator=1500, n_raw=400, n_critic_per_type=120,
+                    n_practice_people=300, n_raw_practice=300, n_critic_practice_per_type=60,
                     vocab_size=1500, pretrain=PretrainConfig(n_lookups=400, n_reading=400, n_fresh_reading=1500, n_no_retrieval=100),
                     n_eval_factcheck=40, n_eval_mc=40, n_eval_longform=20, n_eval_no_retrieval=20)
 RECORD_KEYS = ["instruction", "input", "output", "id", "dataset_name"]
 TRAINING_FILES = ("train/generator.jsonl", "train/generator_meta.jsonl", "train/raw.jsonl", "train/raw_meta.jsonl",
-                  "train/critic.jsonl", "pretrain.jsonl", "tokenizer/tokenizer.json")
+                  "train/critic.jsonl", "train/practice_raw.jsonl", "train/practice_passages.jsonl",
+                  "pretrain.jsonl", "tokenizer/tokenizer.json")
 
 
 @pytest.fixture(scope="module")
@@ -89,6 +91,23 @@ def test_heldout_people_never_reach_training_files(built):
     # ...but retrieval can find them: their passages are in the corpus.
     titles = {p["title"] for p in load(out, "passages.jsonl")}
     assert all(e["name"] in titles for e in heldout if e["type"] == "person")
+
+
+def test_practice_people_are_in_no_pretraining_text_but_in_critic_and_raw_data(built):
+    """Fine-tuning examples about people the base model cannot have memorised: only reading
+    the passage answers them."""
+    out, manifest = built
+    practice = load(out, manifest["practice"]["passages"])
+    people = {p["title"] for p in practice if p["id"].startswith("pw")} - {p["title"] for p in load(out, "passages.jsonl")}
+    assert len(people) > 100
+    with open(os.path.join(out, "pretrain.jsonl"), encoding="utf-8") as f:
+        pretrain = f.read()
+    assert not [name for name in people if name in pretrain]
+    raw = " ".join(r["instruction"] for r in load(out, manifest["practice"]["raw"]))
+    critic = [r for r in load(out, "train/critic.jsonl") if r["id"].startswith("critic_practice_")]
+    assert len(critic) == 5 * SMALL.n_critic_practice_per_type
+    assert sum(name in raw for name in people) > 100
+    assert any(name in r["input"] for r in critic for name in list(people)[:50])
 
 
 def test_generator_outputs_parse_and_cover_every_class(built):

@@ -1,9 +1,10 @@
 """The paper's pipeline end to end on the bundled world (`make train-default`).
 
-world -> retrieval index (bundled MiniLM) -> base model (pretrained on the world's text)
--> critic (fine-tuned on ground-truth labels) -> annotation (the critic labels raw
-instruction-output pairs with retrieved passages) -> generator (fine-tuned on the result)
--> exported critic and generator (bfloat16 safetensors, a few MB) for the demo.
+world -> retrieval indexes (bundled MiniLM; the world's corpus and the practice people's)
+-> base model (pretrained on the world's text) -> critic (fine-tuned on ground-truth
+labels) -> annotation (the critic labels raw instruction-output pairs, the world's and the
+practice people's, with passages retrieved from their corpus) -> generator (fine-tuned on
+the result) -> exported critic and generator (bfloat16 safetensors, a few MB) for the demo.
 
 Every stage is resumable: a finished stage leaves `<out>/<stage>.done`; an interrupted
 training stage resumes from its last checkpoint when the command runs again.
@@ -60,12 +61,12 @@ class Stages:
 
         return {"manifest": build_world(str(self.out / "world"))["splits"]}
 
-    def index(self):
+    def index(self, passages: str = "passages.jsonl", out: str = "index"):
         from selfrag_jax.retrieval.build import BuildConfig, build_index_folder
 
         extra = {"encoder": self.encoder} if self.encoder else {}
-        build_index_folder(BuildConfig(passages=str(self.out / "world" / "passages.jsonl"),
-                                       out=str(self.out / "index"), **extra), log=self.log)
+        build_index_folder(BuildConfig(passages=str(self.out / "world" / passages),
+                                       out=str(self.out / out), **extra), log=self.log)
 
     def train(self, name: str, overrides: list[str]):
         from selfrag_jax.training.config import load_config
@@ -92,11 +93,16 @@ class Stages:
         from selfrag_jax.retrieval.retriever import Retriever
 
         config, params, tok, _ = load_model(self.out / "critic")
-        records = read_pairs(str(self.out / "world" / "train" / "raw.jsonl"))
-        out, report = annotate(records, Critic(params, config, tok), Retriever.from_dir(self.out / "index"))
-        with open(self.out / "annotated.jsonl", "w") as f:
+        critic, out, reports = Critic(params, config, tok), [], {}
+        for raw, index in (("raw.jsonl", "index"), ("practice_raw.jsonl", "practice_index")):
+            records = read_pairs(str(self.out / "world" / "train" / raw))
+            annotated, reports[raw] = annotate(records, critic, Retriever.from_dir(self.out / index))
+            out += annotated
+        tmp = self.out / "annotated.jsonl.tmp"
+        with open(tmp, "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in out)
-        return {"report": report}
+        tmp.replace(self.out / "annotated.jsonl")
+        return {"report": reports}
 
     def export(self, dest: Path = ASSETS):
         """critic/ and generator/ as Hugging Face folders in bfloat16 (a few MB each)."""
@@ -118,6 +124,7 @@ class Stages:
         world = str(self.out / "world")
         self.stage("world", self.world)
         self.stage("index", self.index)
+        self.stage("practice_index", lambda: self.index("train/practice_passages.jsonl", "practice_index"))
         self.stage("base", lambda: self.train("base", [f"model.tokenizer={world}/tokenizer",
                                                        f"data.train_files=[{world}/pretrain.jsonl]"]))
         self.stage("base_reading", self.base_reading)

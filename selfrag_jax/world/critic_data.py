@@ -202,7 +202,8 @@ class CriticMaker:
         return isuse_input(task.instruction, out)
 
 
-def make_critic_records(world: World, n_per_type: int, seed: int, split: str = "train") -> list[dict]:
+def make_critic_records(world: World, n_per_type: int, seed: int, split: str = "train",
+                        id_prefix: str = "critic") -> list[dict]:
     """n_per_type balanced examples for each of the five input types."""
     rng = random.Random(seed * 7919 + 5)
     maker = CriticMaker(world, rng, split)
@@ -212,5 +213,5 @@ def make_critic_records(world: World, n_per_type: int, seed: int, split: str = "
         for i in range(n_per_type):
             label = labels[i % len(labels)]
             records.append({"instruction": INSTRUCTIONS[kind], "input": build(label), "output": label,
-                            "id": f"critic_{kind}_{i:05d}", "dataset_name": f"critic_{kind}"})
+                            "id": f"{id_prefix}_{kind}_{i:05d}", "dataset_name": f"critic_{kind}"})
     return records
