@@ -52,6 +52,16 @@ def test_same_seed_gives_byte_identical_files(built, tmp_path):
     assert other.passages[0].text != make_world(seed=3, n_people=400, n_ghosts=80).passages[0].text
 
 
+def test_eval_only_world_has_the_same_eval_files_and_no_training_files(built, tmp_path):
+    out, manifest = built
+    eval_only = build_world(str(tmp_path), config=SMALL, training=False)
+    assert set(eval_only["files"]) == {"passages.jsonl", "entities.jsonl", *manifest["eval"].values()}
+    for rel, info in eval_only["files"].items():
+        assert info["sha256"] == manifest["files"][rel]["sha256"], rel
+    assert not os.path.exists(os.path.join(tmp_path, "pretrain.jsonl"))
+    assert not os.path.exists(os.path.join(tmp_path, "tokenizer"))
+
+
 def test_manifest_lists_every_file(built):
     out, manifest = built
     for rel, info in manifest["files"].items():

@@ -194,7 +194,7 @@ def run_demo(args: argparse.Namespace) -> int:
     if not (models / "generator" / "config.json").exists():
         raise CLIError(f"{models}: no bundled models (generator/, critic/); run `make train-default` first")
     stages = Stages(work, encoder=args.encoder)
-    stages.stage("world", stages.world)
+    stages.stage("world", lambda: stages.world(training=False))  # evaluation reads passages and eval sets only
     stages.stage("index", stages.index)
     runs = {"shipped": models}
     if args.retrain:

@@ -56,10 +56,11 @@ class Stages:
         self.log(f"[{name}] done in {info['seconds']:.0f} s")
 
     # --- stages ------------------------------------------------------------------------
-    def world(self):
+    def world(self, training: bool = True):
+        """The world's files; `training=False` (the demo) skips the training data and tokenizer."""
         from selfrag_jax.world import build_world
 
-        return {"manifest": build_world(str(self.out / "world"))["splits"]}
+        return {"manifest": build_world(str(self.out / "world"), training=training)["splits"], "training": training}
 
     def index(self, passages: str = "passages.jsonl", out: str = "index"):
         from selfrag_jax.retrieval.build import BuildConfig, build_index_folder

@@ -138,20 +138,9 @@ def _sha256(path: str) -> str:
     return h.hexdigest()
 
 
-def build_world(out_dir: str, seed: int = 0, n_people: int = 2000, config: WorldConfig | None = None) -> dict:
-    """Writes passages, entities, training data (generator, raw pairs, critic, pretraining
-    text), eval sets and a tokenizer under `out_dir`; returns the manifest (relative paths)."""
-    cfg = config or WorldConfig(seed=seed, n_people=n_people)
-    world = make_world(cfg.seed, cfg.n_people, n_ghosts=cfg.n_ghosts, heldout_fraction=cfg.heldout_fraction)
-    os.makedirs(out_dir, exist_ok=True)
-    counts: dict[str, int] = {}
-
-    def put(rel: str, records) -> None:
-        counts[rel] = write_jsonl(os.path.join(out_dir, rel), records)
-
-    put("passages.jsonl", (p.record() for p in world.passages))
-    put("entities.jsonl", entity_records(world))
-
+def write_training_data(world: World, cfg: WorldConfig, out_dir: str, put) -> dict:
+    """The training files (generator, raw pairs, practice people, critic, pretraining text) and
+    the tokenizer; returns their manifest entries."""
     rng = random.Random(cfg.seed * 7 + 1)
     gen = [make_generator_example(world, t, rng, cfg.generator)
            for t in sample_tasks(TaskMaker(world, "train", rng, prefix="gen"), cfg.n_generator, rng)]
@@ -174,15 +163,40 @@ def build_world(out_dir: str, seed: int = 0, n_people: int = 2000, config: World
         + make_critic_records(practice, cfg.n_critic_practice_per_type, cfg.seed + 1, id_prefix="critic_practice"))
     pretrain = list(pretrain_texts(world, cfg.seed, cfg.pretrain))
     put("pretrain.jsonl", ({"text": t} for t in pretrain))
-    for name, recs in eval_sets(world, cfg).items():
-        put(f"eval/{name}.jsonl", recs)
 
     # The tokenizer sees training text only: held-out names stay unseen by every trained part.
     tok_texts = pretrain + [f"{t.instruction}\n{t.answer}" for t in raw] + list(INSTRUCTIONS.values())
     train_tokenizer(tok_texts, os.path.join(out_dir, "tokenizer"), cfg.vocab_size)
+    return {"pretrain": "pretrain.jsonl", "generator": "train/generator.jsonl", "raw": "train/raw.jsonl",
+            "practice": {"passages": "train/practice_passages.jsonl", "raw": "train/practice_raw.jsonl",
+                         "people": len(practice.kb.people)},
+            "critic": "train/critic.jsonl", "tokenizer": "tokenizer"}
+
+
+TOKENIZER_FILES = ("tokenizer/tokenizer.json", "tokenizer/tokenizer_config.json", "tokenizer/special_tokens_map.json")
+
+
+def build_world(out_dir: str, seed: int = 0, n_people: int = 2000, config: WorldConfig | None = None,
+                training: bool = True) -> dict:
+    """Writes passages, entities, eval sets and (with `training`) the training data and a
+    tokenizer under `out_dir`; returns the manifest (relative paths). `training=False` is the
+    demo's world: what evaluation reads, without the minute the pretraining text takes."""
+    cfg = config or WorldConfig(seed=seed, n_people=n_people)
+    world = make_world(cfg.seed, cfg.n_people, n_ghosts=cfg.n_ghosts, heldout_fraction=cfg.heldout_fraction)
+    os.makedirs(out_dir, exist_ok=True)
+    counts: dict[str, int] = {}
+
+    def put(rel: str, records) -> None:
+        counts[rel] = write_jsonl(os.path.join(out_dir, rel), records)
+
+    put("passages.jsonl", (p.record() for p in world.passages))
+    put("entities.jsonl", entity_records(world))
+    for name, recs in eval_sets(world, cfg).items():
+        put(f"eval/{name}.jsonl", recs)
+    training_entries = write_training_data(world, cfg, out_dir, put) if training else {}
 
     files = {}
-    for rel in [*counts, "tokenizer/tokenizer.json", "tokenizer/tokenizer_config.json", "tokenizer/special_tokens_map.json"]:
+    for rel in [*counts, *(TOKENIZER_FILES if training else ())]:
         path = os.path.join(out_dir, rel)
         files[rel] = {"records": counts.get(rel), "bytes": os.path.getsize(path), "sha256": _sha256(path)}
     manifest = {
@@ -190,12 +204,8 @@ def build_world(out_dir: str, seed: int = 0, n_people: int = 2000, config: World
         "splits": {"train_people": len(world.kb.train_people), "heldout_people": len(world.kb.heldout_people),
                    "name_only": len(world.kb.ghosts), "places": len(world.kb.places), "organisations": len(world.kb.orgs),
                    "passages": len(world.passages)},
-        "passages": "passages.jsonl", "entities": "entities.jsonl", "tokenizer": "tokenizer",
-        "pretrain": "pretrain.jsonl", "generator": "train/generator.jsonl", "raw": "train/raw.jsonl",
-        "practice": {"passages": "train/practice_passages.jsonl", "raw": "train/practice_raw.jsonl",
-                     "people": len(practice.kb.people)},
-        "critic": "train/critic.jsonl", "eval": {n: f"eval/{n}.jsonl" for n in
-                                                 ("world_qa", "world_factcheck", "world_mc", "world_longform",
+        "passages": "passages.jsonl", "entities": "entities.jsonl", **training_entries,
+        "eval": {n: f"eval/{n}.jsonl" for n in ("world_qa", "world_factcheck", "world_mc", "world_longform",
                                                   "world_unanswerable", "world_noretrieval")},
         "files": files, "total_bytes": sum(f["bytes"] for f in files.values()),
     }
