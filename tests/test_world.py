@@ -20,12 +20,13 @@ from selfrag_jax.world.pretrain import PretrainConfig
 
 SMALL = WorldConfig(seed=3, n_people=400, n_ghosts=80, n_generator=1500, n_raw=400, n_critic_per_type=120,
                     n_practice_people=300, n_raw_practice=300, n_critic_practice_per_type=60,
-                    vocab_size=1500, pretrain=PretrainConfig(n_lookups=400, n_reading=400, n_fresh_reading=1500, n_no_retrieval=100),
+                    vocab_size=1500, pretrain=PretrainConfig(n_lookups=400, n_reading=400, n_fresh_reading=1500, n_no_retrieval=100,
+                                            n_anneal_reading=300),
                     n_eval_factcheck=40, n_eval_mc=40, n_eval_longform=20, n_eval_no_retrieval=20)
 RECORD_KEYS = ["instruction", "input", "output", "id", "dataset_name"]
 TRAINING_FILES = ("train/generator.jsonl", "train/generator_meta.jsonl", "train/raw.jsonl", "train/raw_meta.jsonl",
                   "train/critic.jsonl", "train/practice_raw.jsonl", "train/practice_passages.jsonl",
-                  "pretrain.jsonl", "tokenizer/tokenizer.json")
+                  "pretrain.jsonl", "anneal.jsonl", "tokenizer/tokenizer.json")
 
 
 @pytest.fixture(scope="module")
@@ -118,6 +119,35 @@ def test_practice_people_are_in_no_pretraining_text_but_in_critic_and_raw_data(b
     assert len(critic) == 5 * SMALL.n_critic_practice_per_type
     assert sum(name in raw for name in people) > 100
     assert any(name in r["input"] for r in critic for name in list(people)[:50])
+
+
+def test_hard_lookalike_reading_asks_what_both_passages_state():
+    """With hard_lookalikes the passage beside the person's own states the first asked
+    attribute too (when the look-alike has it), so only the name tells which one answers."""
+    import random
+
+    from selfrag_jax.world.pretrain import reading_doc
+
+    world = make_world(seed=3, n_people=400, n_ghosts=80)
+    by_text = {passage_text(p.title, p.text): p for p in world.passages}
+
+    def share_of_docs_asking_a_shared_attribute(hard: bool) -> float:
+        rng, shared, pairs = random.Random(0), 0, 0
+        for person in world.kb.train_people[:300]:
+            blocks = reading_doc(world, person, rng, "train", 3, hard=hard).split("\n\n")
+            shown = [by_text[b] for b in blocks if not b.startswith("Question:")]
+            if len(shown) < 2:
+                continue
+            own = next(p for p in shown if p.entity_id == person.id)
+            other = next(p for p in shown if p.entity_id != person.id)
+            answer = blocks[len(shown)].split("\nAnswer: ")[1]
+            asked = next(a for a, v in own.facts.items() if v == answer)
+            pairs += 1
+            shared += asked in other.facts
+        return shared / pairs
+
+    hard, easy = share_of_docs_asking_a_shared_attribute(True), share_of_docs_asking_a_shared_attribute(False)
+    assert hard > 0.9 and hard > easy + 0.2, (hard, easy)
 
 
 def test_generator_outputs_parse_and_cover_every_class(built):

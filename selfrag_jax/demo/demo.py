@@ -112,12 +112,14 @@ def critic_agreement(critic_dir: Path, limit: int = 200) -> dict[str, float]:
     """Share of held-out critic examples where the critic's label equals the ground truth."""
     from selfrag_jax.data.annotate import Critic, parse_label
     from selfrag_jax.models.checkpoint import load_model
-    from selfrag_jax.world import make_world
+    from selfrag_jax.world import WorldConfig
+    from selfrag_jax.world.build import world_of
     from selfrag_jax.world.critic_data import make_critic_records
 
     config, params, tok, _ = load_model(critic_dir)
     critic = Critic(params, config, tok)
-    records = make_critic_records(make_world(0, 2000), max(limit // 5, 10), seed=1, split="heldout")
+    # the bundled world's own held-out people, the ones the demo's questions ask about
+    records = make_critic_records(world_of(WorldConfig()), max(limit // 5, 10), seed=1, split="heldout")
     by_type: dict[str, list[dict]] = {}
     for r in records:
         by_type.setdefault(r["dataset_name"].removeprefix("critic_"), []).append(r)

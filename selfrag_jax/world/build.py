@@ -19,7 +19,7 @@ from .critic_data import INSTRUCTIONS, make_critic_records
 from .generator_data import GeneratorConfig, make_generator_example
 from .kb import KnowledgeBase
 from .passages import write_jsonl
-from .pretrain import PretrainConfig, pretrain_texts
+from .pretrain import PretrainConfig, anneal_texts, pretrain_texts
 from .tasks import QUESTIONS, REFUSAL, Task, TaskMaker
 from .tokenizer import train_tokenizer
 
@@ -55,6 +55,11 @@ class WorldConfig:
     n_eval_mc: int = 300
     n_eval_longform: int = 100
     n_eval_no_retrieval: int = 200
+
+
+def world_of(cfg: WorldConfig) -> World:
+    """The knowledge base and passages that `build_world(config=cfg)` writes."""
+    return make_world(cfg.seed, cfg.n_people, n_ghosts=cfg.n_ghosts, heldout_fraction=cfg.heldout_fraction)
 
 
 def sample_tasks(maker: TaskMaker, n: int, rng: random.Random) -> list[Task]:
@@ -163,11 +168,12 @@ def write_training_data(world: World, cfg: WorldConfig, out_dir: str, put) -> di
         + make_critic_records(practice, cfg.n_critic_practice_per_type, cfg.seed + 1, id_prefix="critic_practice"))
     pretrain = list(pretrain_texts(world, cfg.seed, cfg.pretrain))
     put("pretrain.jsonl", ({"text": t} for t in pretrain))
+    put("anneal.jsonl", ({"text": t} for t in anneal_texts(world, cfg.seed, cfg.pretrain)))
 
     # The tokenizer sees training text only: held-out names stay unseen by every trained part.
     tok_texts = pretrain + [f"{t.instruction}\n{t.answer}" for t in raw] + list(INSTRUCTIONS.values())
     train_tokenizer(tok_texts, os.path.join(out_dir, "tokenizer"), cfg.vocab_size)
-    return {"pretrain": "pretrain.jsonl", "generator": "train/generator.jsonl", "raw": "train/raw.jsonl",
+    return {"pretrain": "pretrain.jsonl", "anneal": "anneal.jsonl", "generator": "train/generator.jsonl", "raw": "train/raw.jsonl",
             "practice": {"passages": "train/practice_passages.jsonl", "raw": "train/practice_raw.jsonl",
                          "people": len(practice.kb.people)},
             "critic": "train/critic.jsonl", "tokenizer": "tokenizer"}
@@ -182,7 +188,7 @@ def build_world(out_dir: str, seed: int = 0, n_people: int = 2000, config: World
     tokenizer under `out_dir`; returns the manifest (relative paths). `training=False` is the
     demo's world: what evaluation reads, without the minute the pretraining text takes."""
     cfg = config or WorldConfig(seed=seed, n_people=n_people)
-    world = make_world(cfg.seed, cfg.n_people, n_ghosts=cfg.n_ghosts, heldout_fraction=cfg.heldout_fraction)
+    world = world_of(cfg)
     os.makedirs(out_dir, exist_ok=True)
     counts: dict[str, int] = {}
 

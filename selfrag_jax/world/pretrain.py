@@ -30,6 +30,15 @@ class PretrainConfig:
     n_fresh_reading: int = 60000
     n_no_retrieval: int = 1000  # copy / reverse / count / sum, as plain question-answer text
     questions_per_reading: int = 3
+    # The look-alike beside a reading passage states the asked attributes too, so only the
+    # name tells which passage answers. With a random look-alike passage the asked attribute
+    # is usually in one passage only, and the v1 base learned to find the attribute, not the
+    # person: held-out reading fell from 0.56 to 0.02 with a look-alike beside the gold passage.
+    hard_lookalikes: bool = False
+    # The anneal set (`anneal.jsonl`): reading exercises with hard look-alikes about yet
+    # another set of fresh people, mixed 1:1 with the pretraining text for a short final
+    # stage at a lower learning rate. 400 such steps took held-out reading from 0.60 to 0.735.
+    n_anneal_reading: int = 10000
 
 
 def qa_text(q: str, a: str) -> str:
@@ -38,14 +47,24 @@ def qa_text(q: str, a: str) -> str:
     return f"Question: {q}\nAnswer: {a}"
 
 
-def reading_doc(world: World, person, rng: random.Random, split: str, n_questions: int) -> str:
+def reading_doc(world: World, person, rng: random.Random, split: str, n_questions: int, hard: bool = False) -> str:
     """One of the person's passages (beside a look-alike half of the time: answer from the
-    passage with the right name), then questions about facts it states."""
+    passage with the right name), then questions about facts it states; `hard`: the
+    look-alike's passage that shares the most attributes, asked about the shared ones first."""
     own = rng.choice(world.by_entity[person.id])
-    shown = [own]
+    shown, attrs = [own], sorted(own.facts)
     if rng.random() < 0.5:
-        shown.insert(rng.randrange(2), lookalike_passage(world, person, rng, split))
-    attrs = rng.sample(sorted(own.facts), min(n_questions, len(own.facts)))
+        at = rng.randrange(2)
+        other = lookalike_passage(world, person, rng, split)
+        if hard:
+            other = max(world.by_entity[other.entity_id], key=lambda p: len(set(p.facts) & set(own.facts)))
+            shared = [a for a in attrs if a in other.facts]
+            rest = [a for a in attrs if a not in other.facts]
+            attrs = rng.sample(shared, len(shared)) + rng.sample(rest, len(rest))
+        shown.insert(at, other)
+    if not (hard and len(shown) == 2):
+        attrs = rng.sample(attrs, min(n_questions, len(attrs)))
+    attrs = attrs[:n_questions]
     qs = [qa_text(rng.choice(QUESTIONS[a]).format(name=person.name), own.facts[a]) for a in attrs]
     return "\n\n".join([*(passage_text(s.title, s.text) for s in shown), *qs])
 
@@ -71,7 +90,7 @@ def pretrain_texts(world: World, seed: int, cfg: PretrainConfig = PretrainConfig
         docs.append(qa_text(f"Where is {o.name} based?", o.town))
 
     for _ in range(cfg.n_reading):
-        docs.append(reading_doc(world, rng.choice(people), rng, "train", cfg.questions_per_reading))
+        docs.append(reading_doc(world, rng.choice(people), rng, "train", cfg.questions_per_reading, cfg.hard_lookalikes))
 
     docs.extend(fresh_reading(world, seed, cfg))
     for _ in range(cfg.n_no_retrieval):
@@ -83,15 +102,26 @@ def pretrain_texts(world: World, seed: int, cfg: PretrainConfig = PretrainConfig
 
 def fresh_reading(world: World, seed: int, cfg: PretrainConfig) -> list[str]:
     """Reading documents about people of a separate, never-reused knowledge base, with a
-    look-alike beside the passage half of the time. Names that collide with the main
-    world's (first or last name of anyone there) are skipped, so held-out people stay
-    unseen."""
-    if not cfg.n_fresh_reading:
+    look-alike beside the passage half of the time."""
+    return _fresh_docs(world, seed + 1_000_003, random.Random(seed * 7 + 11), cfg.n_fresh_reading,
+                       cfg.questions_per_reading, cfg.hard_lookalikes)
+
+
+def anneal_texts(world: World, seed: int, cfg: PretrainConfig) -> list[str]:
+    """The anneal stage's reading documents: fresh people again, every look-alike hard."""
+    return _fresh_docs(world, seed + 5_000_011, random.Random(seed * 7 + 13), cfg.n_anneal_reading,
+                       cfg.questions_per_reading, hard=True)
+
+
+def _fresh_docs(world: World, kb_seed: int, rng: random.Random, n: int, n_questions: int, hard: bool) -> list[str]:
+    """n reading documents about the people of knowledge base `kb_seed`. Names that collide
+    with the main world's (first or last name of anyone there) are skipped, so held-out
+    people stay unseen."""
+    if not n:
         return []
     from .core import make_world
 
     taken = {part for p in world.kb.people for part in (p.first, p.last)}
-    fresh = make_world(seed + 1_000_003, cfg.n_fresh_reading + cfg.n_fresh_reading // 4)
-    rng = random.Random(seed * 7 + 11)
+    fresh = make_world(kb_seed, n + n // 4)
     people = [p for p in fresh.kb.people if p.first not in taken and p.last not in taken]
-    return [reading_doc(fresh, p, rng, p.split, cfg.questions_per_reading) for p in people[: cfg.n_fresh_reading]]
+    return [reading_doc(fresh, p, rng, p.split, n_questions, hard) for p in people[:n]]
