@@ -352,14 +352,17 @@ def _build_module(config: BertConfig, pooling: str, normalize: bool, dtype: Any)
     class BertLayer(nn.Module):
         @nn.compact
         def __call__(self, x, bias):
-            b, length, hidden = x.shape
+            # x is [B*L, H]: the projections are plain 2-D matmuls over all tokens (as
+            # `llama.dense`); only attention needs the [B, heads, L, D] view.
+            b, length = bias.shape[0], bias.shape[-1]
+            hidden = x.shape[-1]
             # [B, heads, L, D] with explicit transposes: XLA's CPU backend runs these batched
             # matmuls about 2x faster than the same einsum on the [B, L, heads, D] layout.
             split = lambda t: t.reshape(b, length, heads, head_dim).transpose(0, 2, 1, 3)  # noqa: E731
             q, k, v = (split(dense(hidden, n)(x)) for n in ("query", "key", "value"))
             scores = (q @ k.transpose(0, 1, 3, 2)).astype(jnp.float32) / math.sqrt(head_dim) + bias
             probs = jax.nn.softmax(scores, axis=-1).astype(dtype)
-            context = (probs @ v).transpose(0, 2, 1, 3).reshape(b, length, hidden)
+            context = (probs @ v).transpose(0, 2, 1, 3).reshape(b * length, hidden)
             x = norm("attention_norm")(x + dense(hidden, "attention_out")(context))
             inner = act(dense(config.intermediate_size, "intermediate")(x))
             return norm("output_norm")(x + dense(hidden, "output")(inner))
@@ -376,9 +379,10 @@ def _build_module(config: BertConfig, pooling: str, normalize: bool, dtype: Any)
             x = x + embed(config.type_vocab_size, "token_type_embeddings")(jnp.zeros_like(ids))
             x = norm("embeddings_norm")(x)
             bias = jnp.where(mask[:, None, None, :] > 0, 0.0, jnp.finfo(jnp.float32).min)
+            x = x.reshape(-1, config.hidden_size)
             for i in range(config.num_hidden_layers):
                 x = BertLayer(name=f"layer_{i}")(x, bias)
-            return pool(x.astype(jnp.float32), mask, pooling, normalize)
+            return pool(x.reshape(ids.shape + (-1,)).astype(jnp.float32), mask, pooling, normalize)
 
     return BertEncoder()
 
