@@ -33,20 +33,19 @@ def make_data(cfg, tokenizer, model_config, split: str = "train"):
     if unknown:
         raise ValueError(f"data.mixture_rates: unknown key(s) {unknown}; keys are generator, critic and the "
                          f"critic types {list(D.CRITIC_TYPES)}")
-    type_rates = {t: rates[t] for t in D.CRITIC_TYPES if t in rates}
     tasks: list = []
     for i, path in enumerate(files):
         if d.task in ("generator", "mixture"):
             tasks.append(D.generator_task(path, rate=rates.get("generator", 1.0), name=f"generator{i}"))
         elif d.task == "critic":
-            tasks.extend(D.critic_tasks(path, prefix=f"critic{i}", type_rates=type_rates))
+            tasks.extend(D.critic_tasks(path, prefix=f"critic{i}", type_rates=rates))
         elif d.task == "pretrain":
             tasks.append(D.TaskSpec(f"text{i}", str(path), "text"))
         else:
             raise ValueError(f"data.task={d.task!r} must be generator, critic, mixture, pretrain or synthetic")
     if d.task == "mixture":
         for i, path in enumerate(d.critic_files):
-            tasks.extend(D.critic_tasks(path, rate=rates.get("critic", 1.0), prefix=f"critic{i}", type_rates=type_rates))
+            tasks.extend(D.critic_tasks(path, rate=rates.get("critic", 1.0), prefix=f"critic{i}", type_rates=rates))
     mask = D.MaskConfig(masking=d.masking, prompt_off_by_one=d.prompt_off_by_one,
                         passage_loss_weight=d.passage_loss_weight)
     data_cfg = D.DataConfig(tasks=tuple(tasks), batch_size=cfg.global_batch_size // jax.process_count(),

@@ -41,8 +41,8 @@ class WorldConfig:
     n_critic_per_type: int = 500
     # The practice people: a separate knowledge base that appears in no pretraining text, so
     # the base model cannot know them and critic and generator examples about them can only
-    # be answered by reading (examples about memorised training people teach the opposite;
-    # with them alone the critic scored 0.42 on held-out IsRel). Their passages form a
+    # be answered by reading (examples about memorised training people taught v1's generator
+    # to answer from memory; with them it answers 0.74 from the gold passage). Their passages form a
     # second corpus that annotation retrieves from; the tokenizer never sees them.
     n_practice_people: int = 1500
     n_raw_practice: int = 2000

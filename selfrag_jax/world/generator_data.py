@@ -44,7 +44,7 @@ def utility(k: int) -> str:
 def lookalike_passage(world: World, person: Person, rng: random.Random, split: str = "train") -> Passage:
     """A passage about someone else who shares a first name (preferred), occupation or birthplace."""
     groups = world.kb.lookalikes(person, split)
-    if not any(groups.values()):  # a small world where no one of this split shares anything
+    if not any(groups.values()) and split != "train":  # a small world; borrowing never leaks held-out people
         groups = world.kb.lookalikes(person, None)
     kind = "first" if rng.random() < 0.6 or not (groups["occupation"] or groups["birthplace"]) else \
         rng.choice([k for k in ("occupation", "birthplace") if groups[k]])

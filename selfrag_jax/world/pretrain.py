@@ -30,14 +30,10 @@ class PretrainConfig:
     n_fresh_reading: int = 60000
     n_no_retrieval: int = 1000  # copy / reverse / count / sum, as plain question-answer text
     questions_per_reading: int = 3
-    # The look-alike beside a reading passage states the asked attributes too, so only the
-    # name tells which passage answers. With a random look-alike passage the asked attribute
-    # is usually in one passage only, and the v1 base learned to find the attribute, not the
-    # person: held-out reading fell from 0.56 to 0.02 with a look-alike beside the gold passage.
-    hard_lookalikes: bool = False
     # The anneal set (`anneal.jsonl`): reading exercises with hard look-alikes about yet
     # another set of fresh people, mixed 1:1 with the pretraining text for a short final
-    # stage at a lower learning rate. 400 such steps took held-out reading from 0.60 to 0.735.
+    # stage at a lower learning rate: only the name tells which passage answers. 400 such
+    # steps took held-out reading with the gold passage from 0.60 to 0.76.
     n_anneal_reading: int = 10000
 
 
@@ -90,7 +86,7 @@ def pretrain_texts(world: World, seed: int, cfg: PretrainConfig = PretrainConfig
         docs.append(qa_text(f"Where is {o.name} based?", o.town))
 
     for _ in range(cfg.n_reading):
-        docs.append(reading_doc(world, rng.choice(people), rng, "train", cfg.questions_per_reading, cfg.hard_lookalikes))
+        docs.append(reading_doc(world, rng.choice(people), rng, "train", cfg.questions_per_reading))
 
     docs.extend(fresh_reading(world, seed, cfg))
     for _ in range(cfg.n_no_retrieval):
@@ -104,7 +100,7 @@ def fresh_reading(world: World, seed: int, cfg: PretrainConfig) -> list[str]:
     """Reading documents about people of a separate, never-reused knowledge base, with a
     look-alike beside the passage half of the time."""
     return _fresh_docs(world, seed + 1_000_003, random.Random(seed * 7 + 11), cfg.n_fresh_reading,
-                       cfg.questions_per_reading, cfg.hard_lookalikes)
+                       cfg.questions_per_reading, hard=False)
 
 
 def anneal_texts(world: World, seed: int, cfg: PretrainConfig) -> list[str]:
