@@ -84,3 +84,17 @@ def test_irrelevant_passages_are_written_without_issup():
                       ScriptedRetriever(), ndocs=2)
     assert out[0]["output"] == (T.RETRIEVAL + T.PARAGRAPH_OPEN + "Bad\nBAD text" + T.PARAGRAPH_CLOSE + T.IRRELEVANT
                                 + "One." + "[Utility:3]")
+
+
+def test_irrelevant_share_keeps_a_critic_rejected_passage():
+    """With irrelevant_share=1 every sentence that retrieved an irrelevant passage writes it
+    (the best-ranked one) as [Irrelevant]; share 0 is the reference's rule."""
+    records = [{"instruction": "Who is Ana?", "input": "", "output": "Ana is a baker.", "id": "a"}]
+    out, report = annotate(records, ScriptedCritic(), ScriptedRetriever(), ndocs=3, irrelevant_share=1.0)
+    assert out[0]["output"] == (T.RETRIEVAL + T.PARAGRAPH_OPEN + "Bad\nBAD text" + T.PARAGRAPH_CLOSE + T.IRRELEVANT
+                                + "Ana is a baker." + "[Utility:3]")
+    assert report["irrelevant_segments"] == 1
+    out, report = annotate(records, ScriptedCritic(), ScriptedRetriever(), ndocs=3, irrelevant_share=0.0)
+    assert T.RELEVANT + "Ana is a baker." in out[0]["output"] and report["irrelevant_segments"] == 0
+    with pytest.raises(ValueError, match="irrelevant_share"):
+        annotate(records, ScriptedCritic(), ScriptedRetriever(), irrelevant_share=1.5)

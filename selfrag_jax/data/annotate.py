@@ -7,7 +7,11 @@ critic call of a stage shares compiled programs:
    `instruction + " " + sentence`.
 3. IsRel and IsSup for every (sentence, passage); keep per sentence the first passage that
    is Relevant and Fully supported, else Relevant and Partially supported, else Relevant,
-   else the top passage (written as `[Irrelevant]`, with no IsSup token).
+   else the top passage (written as `[Irrelevant]`, with no IsSup token). With
+   `irrelevant_share` > 0, that share of sentences instead keeps the best-ranked passage the
+   critic calls Irrelevant, when there is one: the reference's rule writes `[Irrelevant]` only
+   when retrieval failed, which in a small corpus with a strong retriever is almost never
+   (40 of 3,600 segments in the bundled world), so the generator never saw the negative class.
 4. Retrieve (per sentence) for later sentences: `[Continue to Use Evidence]` keeps the
    previous passage instead of retrieving again.
 5. IsUse for the whole output, written once at the end.
@@ -118,8 +122,11 @@ class Critic:
         return labels
 
 
-def annotate(records: list[dict], critic: Critic, retriever, ndocs: int = 3) -> tuple[list[dict], dict]:
+def annotate(records: list[dict], critic: Critic, retriever, ndocs: int = 3, irrelevant_share: float = 0.0,
+             seed: int = 0) -> tuple[list[dict], dict]:
     """Annotated generator records (same ids) and a report of the critic's decisions."""
+    if not 0.0 <= irrelevant_share <= 1.0:
+        raise ValueError(f"irrelevant_share must be in [0, 1], got {irrelevant_share}")
     from selfrag_jax.world.critic_data import isrel_input, issup_input, isuse_input, retrieve_input, retrieve_sentence_input
 
     report: dict[str, Any] = {"records": len(records), "labels": {}, "defaults": {}}
@@ -141,6 +148,13 @@ def annotate(records: list[dict], critic: Critic, retriever, ndocs: int = 3) -> 
         score = (0, rank[s_lab]) if r_lab == T.RELEVANT else (1, 3)
         if (i, s) not in chosen or score < chosen[(i, s)][3]:
             chosen[(i, s)] = (h, r_lab, s_lab, score)
+    if irrelevant_share:
+        draw = np.random.default_rng(seed).random(len(keys)) < irrelevant_share
+        negative = {k: d for k, d in zip(keys, draw)}
+        for i, s, h in reversed([(i, s, h) for (i, s, h), r_lab in zip(pairs, rel) if r_lab == T.IRRELEVANT]):
+            if negative[(i, s)]:  # reversed: the best-ranked irrelevant passage is written last
+                chosen[(i, s)] = (h, T.IRRELEVANT, T.NO_SUPPORT, (1, 3))
+    report["irrelevant_segments"] = sum(v[1] == T.IRRELEVANT for v in chosen.values())
 
     # Later sentences: keep using the previous passage when the critic says so.
     later = [(i, s) for i, s in keys if s > 0]
@@ -181,6 +195,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="generator training data (JSON lines)")
     parser.add_argument("--ndocs", type=int, default=3, help="passages per sentence [3]")
     parser.add_argument("--batch-size", type=int, default=64, help="critic rows per call [64]")
+    parser.add_argument("--irrelevant-share", type=float, default=0.0,
+                        help="share of sentences that keep a passage the critic calls irrelevant, when one "
+                             "was retrieved, so the generator learns [Irrelevant] [0]")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the --irrelevant-share draw [0]")
 
 
 def read_pairs(path: str) -> list[dict]:
@@ -197,7 +215,8 @@ def run(args: argparse.Namespace) -> int:
     records = read_pairs(args.input)
     config, params, tok, _ = load_model(args.critic)
     critic = Critic(params, config, tok, batch_size=args.batch_size)
-    out, report = annotate(records, critic, Retriever.from_dir(args.index), ndocs=args.ndocs)
+    out, report = annotate(records, critic, Retriever.from_dir(args.index), ndocs=args.ndocs,
+                           irrelevant_share=args.irrelevant_share, seed=args.seed)
     with atomic_file(args.out) as f:
         for rec in out:
             f.write(json.dumps(rec) + "\n")
