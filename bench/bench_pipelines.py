@@ -28,7 +28,7 @@ import argparse
 import json
 import os
 import random
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -230,6 +230,7 @@ def main(argv=None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=24)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--max-rounds", type=int, default=2)
+    parser.add_argument("--repeats", type=int, help="latency: timed runs per pipeline and K, after one warm-up [3]")
     args = parser.parse_args(argv)
     result: dict[str, Any] = {"date": now(), "machine": machine_info(), "versions": versions("transformers")}
     if args.world:
@@ -239,6 +240,8 @@ def main(argv=None) -> int:
         name = "pipelines_world"
     else:
         w = SMALL if args.small else FULL
+        if args.repeats:
+            w = replace(w, repeats=args.repeats)
         result["workload"] = asdict(w)
         name = "pipelines_small" if args.small else "pipelines"
 
