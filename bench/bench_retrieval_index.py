@@ -22,6 +22,7 @@ import time
 import numpy as np
 
 from bench.common import machine_info, median_time, versions, write_result
+from selfrag_jax.retrieval.cli import add_scann_arguments, scann_overrides
 from selfrag_jax.retrieval.index import ExactIndex, ScannIndex, build_index
 from selfrag_jax.retrieval.synthetic import clustered_vectors, recall_at_k, split_queries
 
@@ -38,8 +39,7 @@ def main() -> None:
     parser.add_argument("--target-recall", type=float, default=0.95)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no-faiss", action="store_true")
-    parser.add_argument("--soar-lambda", type=float, help="build ScaNN with SOAR spilling (e.g. 1.5): more recall per leaf")
-    parser.add_argument("--scann", default="", help="more ScaNN build overrides, e.g. num_leaves=2000,dims_per_block=2")
+    add_scann_arguments(parser)  # the build overrides of `index build`, e.g. --soar-lambda 1.5
     args = parser.parse_args()
     n = args.n or (100_000 if args.small else 1_000_000)
     n_queries = args.queries or (500 if args.small else 2_000)
@@ -113,11 +113,7 @@ def _qps(method: dict) -> str:
 
 def bench_scann(db: np.ndarray, queries: np.ndarray, truth: np.ndarray, args) -> dict:
     t0 = time.perf_counter()
-    overrides = {k: (float(v) if "." in v else int(v)) if v.replace(".", "").isdigit() else v
-                 for k, v in (kv.split("=", 1) for kv in args.scann.split(",") if kv)}
-    if args.soar_lambda:
-        overrides["soar_lambda"] = args.soar_lambda
-    index: ScannIndex = build_index(db, "scann", normalized=True, overrides=overrides)
+    index: ScannIndex = build_index(db, "scann", normalized=True, overrides=scann_overrides(args))
     build_s = time.perf_counter() - t0
     params = index.params
     # Per re-scoring depth, the fewest leaves reaching the target (search-time knobs, as
@@ -129,11 +125,8 @@ def bench_scann(db: np.ndarray, queries: np.ndarray, truth: np.ndarray, args) ->
     # The re-scoring depth is a search-time knob too (ScaNN re-scores any number of AH
     # candidates exactly): deeper than the built default is allowed, as efSearch is.
     reorder_options = sorted({50, 100, 200, 400, 800, params.reorder}) if params.reorder else [None]
-    sweep, best = [], None
+    sweep, best, last_top = [], None, None
     for reorder in reorder_options:
-        if sweep and best is None and sweep[-1]["recall"] == previous_top:
-            break  # a deeper re-scoring changed nothing at the most leaves: the tree is the limit
-        previous_top = sweep[-1]["recall"] if sweep else None
         for leaves in leaf_options:
             search = lambda: index.search(queries, args.k, leaves_to_search=leaves, reorder=reorder)  # noqa: E731
             recall = recall_at_k(search()[1], truth)
@@ -145,6 +138,9 @@ def bench_scann(db: np.ndarray, queries: np.ndarray, truth: np.ndarray, args) ->
                 if best is None or point["qps"] > best["qps"]:
                     best = _entry(recall, len(queries), seconds, runs, {**params.__dict__, **point}, build_s)
                 break
+        if best is None and sweep[-1]["recall"] == last_top:
+            break  # a deeper re-scoring changed nothing at the most leaves: the tree is the limit
+        last_top = sweep[-1]["recall"]
     if best is None:
         return {"qps": None, "build_s": build_s, "params": params.__dict__, "sweep": sweep, "note": "target recall not reached"}
     best["params"].pop("qps", None)

@@ -149,11 +149,14 @@ def annotate(records: list[dict], critic: Critic, retriever, ndocs: int = 3, irr
         if (i, s) not in chosen or score < chosen[(i, s)][3]:
             chosen[(i, s)] = (h, r_lab, s_lab, score)
     if irrelevant_share:
+        first_irrelevant: dict[tuple[int, int], dict] = {}
+        for (i, s, h), r_lab in zip(pairs, rel):  # pairs are in rank order
+            if r_lab == T.IRRELEVANT:
+                first_irrelevant.setdefault((i, s), h)
         draw = np.random.default_rng(seed).random(len(keys)) < irrelevant_share
-        negative = {k: d for k, d in zip(keys, draw)}
-        for i, s, h in reversed([(i, s, h) for (i, s, h), r_lab in zip(pairs, rel) if r_lab == T.IRRELEVANT]):
-            if negative[(i, s)]:  # reversed: the best-ranked irrelevant passage is written last
-                chosen[(i, s)] = (h, T.IRRELEVANT, T.NO_SUPPORT, (1, 3))
+        for key, negative in zip(keys, draw):
+            if negative and key in first_irrelevant:
+                chosen[key] = (first_irrelevant[key], T.IRRELEVANT, T.NO_SUPPORT, (1, 3))
     report["irrelevant_segments"] = sum(v[1] == T.IRRELEVANT for v in chosen.values())
 
     # Later sentences: keep using the previous passage when the critic says so.

@@ -56,6 +56,14 @@ def _build_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overwrite", action="store_true", help="replace an existing index at --out")
     parser.add_argument("--keep-embeddings", action="store_true", help="keep the embedding shards in the index folder")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_scann_arguments(parser)
+
+SCANN_KEYS = ("brute_force", "num_leaves", "leaves_to_search", "training_sample_size", "dims_per_block",
+              "anisotropic_threshold", "reorder", "reorder_dtype", "soar_lambda")  # fmt: skip
+
+
+def add_scann_arguments(parser: argparse.ArgumentParser) -> None:
+    """Overrides of the automatic ScaNN parameters (`index build`, bench_retrieval_index)."""
     scann = parser.add_argument_group("ScaNN (defaults chosen from the corpus size)")
     scann.add_argument("--brute-force", action="store_true", default=None, help="exact scoring inside ScaNN")
     scann.add_argument("--num-leaves", type=int, help="partitions of the tree (0: no tree)")
@@ -66,6 +74,12 @@ def _build_arguments(parser: argparse.ArgumentParser) -> None:
     scann.add_argument("--reorder", type=int, help="candidates re-scored exactly (0: none)")
     scann.add_argument("--reorder-dtype", choices=("float32", "bfloat16", "int8"), help="precision of the re-scoring data")
     scann.add_argument("--soar-lambda", type=float, help="SOAR spilling strength (off by default)")
+
+
+
+def scann_overrides(args: argparse.Namespace) -> dict:
+    """The ScaNN flags that were given, as `ScannParams` overrides."""
+    return {k: getattr(args, k) for k in SCANN_KEYS if getattr(args, k) is not None}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -84,8 +98,6 @@ def _run_build(args: argparse.Namespace) -> int:
     for flag in ("batch_size", "shard_size"):
         if getattr(args, flag) < 1:
             raise CLIError(f"--{flag.replace('_', '-')} must be at least 1")
-    scann_keys = ("brute_force", "num_leaves", "leaves_to_search", "training_sample_size", "dims_per_block",
-                  "anisotropic_threshold", "reorder", "reorder_dtype", "soar_lambda")  # fmt: skip
     config = BuildConfig(
         passages=args.passages,
         out=args.out,
@@ -94,7 +106,7 @@ def _run_build(args: argparse.Namespace) -> int:
         pooling=args.pooling,
         normalize=args.normalize,
         max_length=args.max_length,
-        scann={k: getattr(args, k) for k in scann_keys if getattr(args, k) is not None},
+        scann=scann_overrides(args),
         embed=EmbedConfig(
             shard_size=args.shard_size,
             batch_size=args.batch_size,
