@@ -168,6 +168,29 @@ def test_rows_stop_independently(model, engine, always_records):
                 assert a["scores"][key] == pytest.approx(value, abs=1e-5)
 
 
+def test_keep_top_decodes_the_best_rows_by_isrel_exactly(model, engine, always_records):
+    """keep_top=2: every row is read, the two with the highest IsRel per question are decoded
+    to the same tokens and scores as the full decode, and the choice is among them."""
+    tok = model[3]
+    sf = short_form(engine, tok, retrieve=RetrieveOptions(mode="always"), keep_top=2)
+    pruned = [output_record(r, sf.opts) for r in sf.run(make_items(6))]
+    for full, rec in zip(always_records, pruned):
+        rels = [c["scores"]["rel"] for c in full["candidates"]]
+        best = sorted(range(5), key=lambda j: -rels[j])[:2]
+        assert [j for j, c in enumerate(rec["candidates"]) if not c.get("pruned")] == sorted(best)
+        for j, (a, b) in enumerate(zip(full["candidates"], rec["candidates"])):
+            assert b["scores"]["rel"] == pytest.approx(a["scores"]["rel"], abs=1e-5)
+            if j in best:
+                assert b["token_ids"] == a["token_ids"]
+                assert b["scores"]["final"] == pytest.approx(a["scores"]["final"], abs=1e-5)
+            else:
+                assert b["token_ids"] == [] and b["text"] == ""
+        assert rec["chosen"] in best
+        assert rec["chosen"] == max(best, key=lambda j: full["candidates"][j]["scores"]["final"])
+    with pytest.raises(ValueError, match="keep_top"):
+        GenerateOptions(keep_top=2, pipeline="naive")
+
+
 def test_compiled_programs_stay_few_over_200_questions(model):
     """200 questions of 1-40 words, passages of 3-60 words, batches of 16: few programs."""
     _, config, params, tok = model

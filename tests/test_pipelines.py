@@ -75,7 +75,8 @@ def test_corrective_helpers():
 def test_pipeline_names_of_compare():
     assert PipelineSpec.parse("selfrag+refuse+crag") == PipelineSpec("selfrag+refuse+crag", "selfrag", True, True)
     assert PipelineSpec.parse("naive").pipeline == "naive"
-    for bad in ("naive+refuse", "selfrag+magic", "rag"):
+    assert PipelineSpec.parse("selfrag+keep2").keep_top == 2 and PipelineSpec.parse("selfrag").keep_top is None
+    for bad in ("naive+refuse", "selfrag+magic", "rag", "selfrag+keep0", "selfrag+keep2+keep3", "top1+keep1"):
         with pytest.raises(ValueError):
             PipelineSpec.parse(bad)
 

@@ -48,6 +48,8 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threshold-rule", choices=THRESHOLD_RULES, default="paper",
                    help="paper: ratio of probabilities; released: ratio of raw log-probabilities")
     p.add_argument("--ndocs", type=int, default=5, help="passages per question (K)")
+    p.add_argument("--keep-top", type=int, default=0, metavar="M",
+                   help="read all K passages, decode only the M with the highest IsRel (0: all K, the paper)")
     p.add_argument("--max-new-tokens", type=int, default=100)
     p.add_argument("--w-rel", type=float, default=1.0)
     p.add_argument("--w-sup", type=float, default=1.0)
@@ -112,13 +114,17 @@ def check_arguments(args: argparse.Namespace, error: type[Exception]) -> None:
     for name in ("ndocs", "max_new_tokens", "batch_size", "beam_width", "max_depth", "max_rounds"):
         if getattr(args, name) < 1:
             raise error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.keep_top < 0:
+        raise error("--keep-top must not be negative")
+    if args.keep_top and (args.cache or args.long_form or args.pipeline != "selfrag"):
+        raise error("--keep-top prunes short-form Self-RAG candidates: not with --cache, --long-form or a baseline")
     if args.retry_token_budget < 0:
         raise error("--retry-token-budget must not be negative")
 
 
 def options_from_args(args: argparse.Namespace, pipeline: str | None = None, refuse: bool | None = None,
-                      max_rounds: int | None = None):
-    """GenerateOptions from the flags; `compare` overrides pipeline, refusal and rounds."""
+                      max_rounds: int | None = None, keep_top: int | None = None):
+    """GenerateOptions from the flags; `compare` overrides pipeline, refusal, rounds and keep_top."""
     from selfrag_jax.inference.selfrag import GenerateOptions
 
     pipeline = pipeline or args.pipeline
@@ -127,6 +133,7 @@ def options_from_args(args: argparse.Namespace, pipeline: str | None = None, ref
         refuse = pipeline == "selfrag" and not args.long_form and args.task in REFUSE_TASKS
     return GenerateOptions(
         task=args.task, ndocs=args.ndocs, pipeline=pipeline, trace=args.trace,
+        keep_top=(args.keep_top if keep_top is None else keep_top) if pipeline == "selfrag" else 0,
         keep_both_paths=bool(getattr(args, "cache", None)),
         retrieve=RetrieveOptions(args.mode, args.threshold, args.threshold_rule),
         score=ScoreOptions(args.w_rel, args.w_sup, args.w_use, not args.no_seqscore,

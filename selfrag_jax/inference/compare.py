@@ -2,7 +2,8 @@
 
 One model, engine and retriever serve every pipeline, so the numbers differ only by the
 pipeline: `selfrag` (refusal and re-retrieval off), `selfrag+refuse`, `selfrag+crag`
-(re-retrieval with `--max-rounds`, at least 2), `selfrag+refuse+crag`, and the baselines
+(re-retrieval with `--max-rounds`, at least 2), `selfrag+refuse+crag`, `+keepM` on any of
+these (decode only the M passages with the highest IsRel, `--keep-top`), and the baselines
 `naive`, `top1`, `none`. Reports accuracy, faithfulness (with `--world DIR`: the bundled
 world's ground truth; with `--judge MODULE:NAME`: any NLI judge), refusal accuracy (when
 the input marks records `"answerable": false`), and the cost fields of `report`. Each
@@ -21,9 +22,6 @@ from typing import Any
 from selfrag_jax.inference.cli import add_engine_arguments
 from selfrag_jax.inference.scoring import PIPELINES
 
-MODIFIERS = ("refuse", "crag")
-
-
 @dataclass(frozen=True)
 class PipelineSpec:
     """A `compare` pipeline name parsed: the base pipeline and Self-RAG's add-ons."""
@@ -32,22 +30,33 @@ class PipelineSpec:
     pipeline: str
     refuse: bool = False
     crag: bool = False
+    keep_top: int | None = None  # None: the --keep-top flag
 
     @classmethod
     def parse(cls, name: str) -> "PipelineSpec":
         base, *mods = name.strip().split("+")
         if base not in PIPELINES:
             raise ValueError(f"pipeline {name!r}: {base!r} is not one of {', '.join(PIPELINES)}")
-        bad = [m for m in mods if m not in MODIFIERS]
-        if bad or (mods and base != "selfrag"):
-            raise ValueError(f"pipeline {name!r}: only selfrag takes +{' / +'.join(MODIFIERS)}")
-        return cls(name.strip(), base, "refuse" in mods, "crag" in mods)
+        refuse = crag = False
+        keep = None
+        for m in mods:
+            if base != "selfrag":
+                break
+            if m in ("refuse", "crag"):
+                refuse, crag = refuse or m == "refuse", crag or m == "crag"
+            elif m.startswith("keep") and m[4:].isdigit() and int(m[4:]) > 0 and keep is None:
+                keep = int(m[4:])
+            else:
+                break
+        else:
+            return cls(name.strip(), base, refuse, crag, keep)
+        raise ValueError(f"pipeline {name!r}: only selfrag takes +refuse, +crag and one +keepM (M >= 1)")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pipelines", required=True,
-                   help="comma-separated, of: selfrag, selfrag+refuse, selfrag+crag, selfrag+refuse+crag, "
-                        "naive, top1, none")
+                   help="comma-separated, of: selfrag, selfrag+refuse, selfrag+crag, selfrag+refuse+crag "
+                        "(each may add +keepM: decode the M best passages by IsRel), naive, top1, none")
     p.add_argument("--model", required=True, help="checkpoint of this project or Hugging Face Llama folder")
     p.add_argument("--input", required=True, help="JSON lines: question, answers?, answerable?, ctxs?, meta?")
     add_engine_arguments(p)
@@ -97,7 +106,8 @@ def compare(session, items: list, specs: list[PipelineSpec], args: argparse.Name
     reports = {}
     inputs = [it.record for it in items]
     for spec in specs:
-        opts = options_from_args(args, spec.pipeline, spec.refuse, max(2, args.max_rounds) if spec.crag else 1)
+        opts = options_from_args(args, spec.pipeline, spec.refuse, max(2, args.max_rounds) if spec.crag else 1,
+                                 spec.keep_top)
         if warmup:
             session.run(items[: args.batch_size], opts, args.batch_size)
         out = session.run(items, opts, args.batch_size)

@@ -14,6 +14,10 @@ Two jitted programs do all the model work, and nothing syncs with the host per t
   the first generated position, IsSup/IsUse at the first position where such a token was
   generated); only those and the tokens come back to the host.
 
+Pruning splits `decode` in two programs: `read` prefills every row's suffix and returns its
+IsRel probabilities; `decode_rows` then decodes only the rows the host kept (the best
+passages by IsRel), so the K-fold decode of Self-RAG shrinks to the kept rows.
+
 Row counts and lengths are padded to buckets, so a whole evaluation compiles a handful of
 programs (`compiled_programs()` counts them).
 """
@@ -109,6 +113,17 @@ class Segments:
 
 
 @dataclass
+class Reading:
+    """Suffixes prefilled on their context rows (device cache and last logits), and the IsRel
+    probabilities the host prunes with."""
+
+    cache: KVCache
+    logits: jax.Array  # [bucket rows, vocab] at each row's last suffix position
+    rel_probs: np.ndarray  # [n, 2] (Irrelevant, Relevant), full softmax
+    suffix_len: np.ndarray  # [n]
+
+
+@dataclass
 class TokenCount:
     """Real (unpadded) tokens the engine processed: contexts and suffixes prefilled, and
     tokens generated. What a run costs, for reports and budgets."""
@@ -132,6 +147,8 @@ class Engine:
         self.tokens = TokenCount()
         self._prefill = jax.jit(self._prefill_impl)
         self._decode = jax.jit(self._decode_impl)
+        self._read = jax.jit(self._read_impl)
+        self._decode_rows = jax.jit(self._decode_rows_impl)
 
     # --- host side -------------------------------------------------------------------
     def prefill(self, contexts: Sequence[Sequence[int]]) -> ContextState:
@@ -163,8 +180,34 @@ class Engine:
         self.tokens.decode += int(seg.counts.sum())
         return seg
 
+    def read(self, state: ContextState, src: Sequence[int], suffixes: Sequence[Sequence[int]]) -> Reading:
+        """Prefill each suffix on a copy of its context row (`decode`'s first half)."""
+        n = len(src)
+        b = bucket_rows(n)
+        rows = list(suffixes) + [[self.ids.pad]] * (b - n)
+        tokens, lengths = pad_batch(rows, self.ids.pad, bucket_length(max(map(len, rows))))
+        src_arr = np.zeros(b, np.int32)
+        src_arr[:n] = src
+        cache, logits, rel = self._read(self.params, state.cache, src_arr, tokens, lengths)
+        self.tokens.prefill += int(lengths[:n].sum())
+        return Reading(cache, logits, np.asarray(jax.device_get(rel))[:n], lengths[:n])
+
+    def decode_rows(self, reading: Reading, rows: Sequence[int], limits: Sequence[int] | None = None) -> Segments:
+        """Decode one segment for the read rows `rows` only (`decode`'s second half)."""
+        n = len(rows)
+        b = bucket_rows(n)
+        limits = [self.max_new_tokens] * n if limits is None else [min(int(x), self.max_new_tokens) for x in limits]
+        idx = np.zeros(b, np.int32)
+        idx[:n] = rows
+        limit_arr = np.zeros(b, np.int32)
+        limit_arr[:n] = limits
+        out = self._decode_rows(self.params, reading.cache, reading.logits, idx, limit_arr)
+        seg = Segments(*(np.asarray(x)[:n] for x in jax.device_get(out)))
+        self.tokens.decode += int(seg.counts.sum())
+        return seg
+
     def compiled_programs(self) -> dict[str, int]:
-        return {"prefill": self._prefill._cache_size(), "decode": self._decode._cache_size()}
+        return {name: getattr(self, "_" + name)._cache_size() for name in ("prefill", "decode", "read", "decode_rows")}
 
     # --- compiled side -----------------------------------------------------------------
     def _model(self) -> Llama:
@@ -184,12 +227,26 @@ class Engine:
         return cache, ret_lp, jnp.argmax(logits, axis=-1).astype(jnp.int32)
 
     def _decode_impl(self, params, ctx_cache: KVCache, src, suffix, suffix_len, limit):
+        cache, logits = self._prefill_suffix(params, ctx_cache, src, suffix, suffix_len)
+        return self._segment_loop(params, cache, logits, limit)
+
+    def _read_impl(self, params, ctx_cache: KVCache, src, suffix, suffix_len):
+        cache, logits = self._prefill_suffix(params, ctx_cache, src, suffix, suffix_len)
+        return cache, logits, jax.nn.softmax(logits, axis=-1)[:, jnp.array(self.ids.isrel)]
+
+    def _decode_rows_impl(self, params, cache: KVCache, logits, idx, limit):
+        cache = KVCache(cache.k[:, idx], cache.v[:, idx], cache.end[idx])
+        return self._segment_loop(params, cache, logits[idx], limit)
+
+    def _prefill_suffix(self, params, ctx_cache: KVCache, src, suffix, suffix_len):
+        """Copy context rows `src` into a cache wide enough for suffix and segment, prefill the
+        suffixes: (cache, logits at each row's last suffix position)."""
         width = ctx_cache.max_len + suffix.shape[1] + self.max_new_tokens
         grow = ((0, 0), (0, 0), (0, 0), (0, width - ctx_cache.max_len), (0, 0))
         cache = KVCache(jnp.pad(ctx_cache.k[:, src], grow), jnp.pad(ctx_cache.v[:, src], grow), ctx_cache.end[src])
         hidden, cache = self._model().apply({"params": params}, suffix, cache=cache, num_new=suffix_len,
                                             return_hidden=True)
-        return self._segment_loop(params, cache, self._last_logits(params, hidden, suffix_len), limit)
+        return cache, self._last_logits(params, hidden, suffix_len)
 
     def _segment_loop(self, params, cache, logits, limit):
         """Greedy decode until each row's boundary token or limit; critique probs inside."""

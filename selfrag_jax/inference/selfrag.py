@@ -2,7 +2,9 @@
 
 Per batch: one prefill of all prompts gives each question's retrieve decision; then one
 segment step decodes every candidate row together. Pipelines differ only in the rows:
-- `selfrag`: K passage rows for each question that retrieves, and a `prompt + [No
+- `selfrag`: K passage rows for each question that retrieves (with `keep_top` M, all K are
+  read but only the M with the highest IsRel are decoded: IsRel is the first token after the
+  passage, so the pruned rows' text could not have beaten them on IsRel), and a `prompt + [No
   Retrieval]` row only where that answer is needed (no retrieval, hard constraints that
   may drop every candidate, or `--cache`, which keeps both paths). Scores, constraints and
   the choice of answer follow `scoring`; optionally corrective re-retrieval rounds
@@ -44,6 +46,7 @@ class GenerateOptions:
     corrective: CorrectiveOptions = field(default_factory=CorrectiveOptions)
     trace: bool = False
     keep_both_paths: bool = False  # decode retrieval and no-retrieval paths for every question
+    keep_top: int = 0  # decode only the M passage rows per question with the highest IsRel (0: all)
     # long form
     beam_width: int = 2
     max_depth: int = 7
@@ -52,8 +55,12 @@ class GenerateOptions:
     def __post_init__(self):
         if self.pipeline not in PIPELINES:
             raise ValueError(f"pipeline {self.pipeline!r} is not one of {PIPELINES}")
-        if self.pipeline != "selfrag" and (self.refuse.enabled or self.corrective.enabled):
-            raise ValueError(f"refusal and re-retrieval judge with reflection scores: pipeline selfrag, "
+        if self.keep_top < 0:
+            raise ValueError(f"keep_top must not be negative, got {self.keep_top}")
+        if self.keep_top and self.keep_both_paths:
+            raise ValueError("keep_top prunes candidates that a sweep cache would re-rank: not with keep_both_paths")
+        if self.pipeline != "selfrag" and (self.refuse.enabled or self.corrective.enabled or self.keep_top):
+            raise ValueError(f"refusal, re-retrieval and keep_top judge with reflection scores: pipeline selfrag, "
                              f"not {self.pipeline}")
 
 
@@ -74,6 +81,7 @@ class Row:
     use_found: bool = False
     rel_label: int = -1  # index in IsRel of the first generated token, -1 if not an IsRel token
     text: str = ""
+    pruned: bool = False  # read (rel_probs set) but not decoded: `keep_top` kept better rows
 
     @property
     def sup_label(self) -> int:
@@ -212,11 +220,20 @@ class ShortForm:
         """Decode (question, row) pairs in one segment step on the prefilled prompts."""
         if not pairs:
             return
-        rows = [row for _, row in pairs]
+        rows, src = [row for _, row in pairs], [i for i, _ in pairs]
         limits = [min(self.engine.max_new_tokens, self.max_len - len(results[i].prompt) - len(row.suffix))
                   for i, row in pairs]
-        fill_rows(rows, self.engine.decode(state, [i for i, _ in pairs], [row.suffix for row in rows], limits),
-                  self.tok)
+        suffixes = [row.suffix for row in rows]
+        m = self.opts.keep_top
+        if not m or max(np.unique(src, return_counts=True)[1]) <= m:
+            fill_rows(rows, self.engine.decode(state, src, suffixes, limits), self.tok)
+            return
+        reading = self.engine.read(state, src, suffixes)
+        kept = keep_top_rows(src, [row.passage is not None for row in rows], reading.rel_probs, m)
+        decoded = set(kept)
+        for j, row in enumerate(rows):
+            row.rel_probs, row.pruned = reading.rel_probs[j], j not in decoded
+        fill_rows([rows[j] for j in kept], self.engine.decode_rows(reading, kept, [limits[j] for j in kept]), self.tok)
 
     # --- corrective re-retrieval ---------------------------------------------------------
     def _correct(self, state: ContextState, results: list[QuestionResult]) -> None:
@@ -284,6 +301,7 @@ class ShortForm:
             sc = candidate_scores(r.candidates, self.opts.score)
             sup_label = np.array([c.sup_label for c in r.candidates])
             keep = scoring.allowed(np.array([c.rel_label for c in r.candidates]), sup_label, self.opts.score)
+            keep &= ~np.array([c.pruned for c in r.candidates], bool)
             if refuse.enabled:
                 passing = scoring.passes_bar(sc["rel"], sc["sup"], sup_label, refuse)
                 keep &= passing
@@ -312,6 +330,20 @@ def fill_rows(rows: list[Row], seg: Segments, tok) -> None:
         row.text = tok.decode(row.ids, skip_control=True).strip()
 
 
+def keep_top_rows(src: Sequence[int], is_passage: Sequence[bool], rel_probs: np.ndarray, m: int) -> list[int]:
+    """Indices of the rows to decode: per question (`src`), the m passage rows with the highest
+    IsRel score (rank order breaks ties), and every row without a passage."""
+    rel = scoring.rel_score(rel_probs)
+    by_question: dict[int, list[int]] = {}
+    for j, (q, p) in enumerate(zip(src, is_passage)):
+        if p:
+            by_question.setdefault(q, []).append(j)
+    kept = {j for j, p in enumerate(is_passage) if not p}
+    for rows in by_question.values():
+        kept.update(sorted(rows, key=lambda j: -rel[j])[:m])  # sorted is stable: rank order on ties
+    return sorted(kept)
+
+
 def rel_scores(rows: Sequence[Row]) -> np.ndarray:
     return scoring.rel_score(np.array([r.rel_probs for r in rows]).reshape(-1, 2))
 
@@ -327,9 +359,10 @@ def candidate_scores(rows: Sequence[Row], opts: ScoreOptions) -> dict[str, np.nd
 
 def best_text(r: QuestionResult, opts: ScoreOptions) -> str:
     """The text of the best-scoring candidate so far (the model's own answer)."""
-    if not r.candidates:
+    decoded = [c for c in r.candidates if not c.pruned]
+    if not decoded:
         return ""
-    return r.candidates[int(np.argmax(candidate_scores(r.candidates, opts)["final"]))].text
+    return decoded[int(np.argmax(candidate_scores(decoded, opts)["final"]))].text
 
 
 def output_record(r: QuestionResult, opts: GenerateOptions) -> dict[str, Any]:
@@ -341,6 +374,8 @@ def output_record(r: QuestionResult, opts: GenerateOptions) -> dict[str, Any]:
                 "scores": {k: float(v[j]) for k, v in scores.items()}}
         if c.passages is not None:
             cand["passages"] = c.passages
+        if c.pruned:
+            cand["pruned"] = True
         if opts.trace:
             cand.update(prompt_token_ids=r.prompt + c.suffix, token_ids=c.ids, passage_tokens_dropped=c.dropped)
         cands.append(cand)
