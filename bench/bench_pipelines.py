@@ -37,8 +37,9 @@ from typing import Any
 from bench.common import machine_info, median_time, now, versions, write_result
 
 os.environ.setdefault("SELFRAG_NO_PROGRESS", "1")
-PIPELINES = ("selfrag", "selfrag_keep2", "naive", "top1", "none")
 KEEP = 2
+KEPT = f"selfrag_keep{KEEP}"  # Self-RAG with --keep-top KEEP
+PIPELINES = ("selfrag", KEPT, "naive", "top1", "none")
 GOAL_RATIO = 1.3
 
 
@@ -108,7 +109,7 @@ def latency(w: Workload, on_k=None) -> dict[str, Any]:
             selfrag = pipeline.startswith("selfrag")
             mode = RetrieveOptions(mode="always") if selfrag else RetrieveOptions()
             opts = GenerateOptions(ndocs=k, pipeline="selfrag" if selfrag else pipeline, retrieve=mode,
-                                   keep_top=KEEP if pipeline == "selfrag_keep2" else 0)
+                                   keep_top=KEEP if pipeline == KEPT else 0)
             runner = ShortForm(engine, tok, opts)
             runner.run(items)  # compile this pipeline's shapes
             prefill, decode = engine.tokens.prefill, engine.tokens.decode
@@ -117,7 +118,7 @@ def latency(w: Workload, on_k=None) -> dict[str, Any]:
                               "prefill_tokens": (engine.tokens.prefill - prefill) // w.repeats,
                               "decode_tokens": (engine.tokens.decode - decode) // w.repeats}
         rows["selfrag_over_naive"] = rows["selfrag"]["median_s"] / rows["naive"]["median_s"]
-        rows["selfrag_keep2_over_naive"] = rows["selfrag_keep2"]["median_s"] / rows["naive"]["median_s"]
+        rows[f"{KEPT}_over_naive"] = rows[KEPT]["median_s"] / rows["naive"]["median_s"]
         by_k[str(k)] = rows
         if on_k:
             on_k(by_k)
@@ -127,7 +128,7 @@ def latency(w: Workload, on_k=None) -> dict[str, Any]:
 def latency_summary(result: dict[str, Any], small: bool) -> list[dict[str, Any]]:
     rows = []
     for k, r in result["by_k"].items():
-        for name, label in (("selfrag", "Self-RAG"), ("selfrag_keep2", f"Self-RAG --keep-top {KEEP}")):
+        for name, label in (("selfrag", "Self-RAG"), (KEPT, f"Self-RAG --keep-top {KEEP}")):
             if name not in r:
                 continue
             ratio = r["naive"]["median_s"] / r[name]["median_s"]

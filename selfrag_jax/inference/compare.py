@@ -37,20 +37,12 @@ class PipelineSpec:
         base, *mods = name.strip().split("+")
         if base not in PIPELINES:
             raise ValueError(f"pipeline {name!r}: {base!r} is not one of {', '.join(PIPELINES)}")
-        refuse = crag = False
-        keep = None
-        for m in mods:
-            if base != "selfrag":
-                break
-            if m in ("refuse", "crag"):
-                refuse, crag = refuse or m == "refuse", crag or m == "crag"
-            elif m.startswith("keep") and m[4:].isdigit() and int(m[4:]) > 0 and keep is None:
-                keep = int(m[4:])
-            else:
-                break
-        else:
-            return cls(name.strip(), base, refuse, crag, keep)
-        raise ValueError(f"pipeline {name!r}: only selfrag takes +refuse, +crag and one +keepM (M >= 1)")
+        keeps = [m for m in mods if m.startswith("keep")]
+        keep = int(keeps[0][4:]) if len(keeps) == 1 and keeps[0][4:].isdigit() else 0
+        if (mods and base != "selfrag") or len(keeps) > 1 or (keeps and keep < 1) \
+                or any(m not in ("refuse", "crag") for m in mods if not m.startswith("keep")):
+            raise ValueError(f"pipeline {name!r}: only selfrag takes +refuse, +crag and one +keepM (M >= 1)")
+        return cls(name.strip(), base, "refuse" in mods, "crag" in mods, keep or None)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -120,7 +120,6 @@ class Reading:
     cache: KVCache
     logits: jax.Array  # [bucket rows, vocab] at each row's last suffix position
     rel_probs: np.ndarray  # [n, 2] (Irrelevant, Relevant), full softmax
-    suffix_len: np.ndarray  # [n]
 
 
 @dataclass
@@ -166,42 +165,43 @@ class Engine:
 
         A row's limit defaults to `max_new_tokens`; 0 skips the row."""
         n = len(src)
-        b = bucket_rows(n)
-        limits = [self.max_new_tokens] * n if limits is None else [min(int(x), self.max_new_tokens) for x in limits]
-        rows = list(suffixes) + [[self.ids.pad]] * (b - n)
-        tokens, lengths = pad_batch(rows, self.ids.pad, bucket_length(max(map(len, rows))))
-        src_arr = np.zeros(b, np.int32)
-        src_arr[:n] = src
-        limit_arr = np.zeros(b, np.int32)
-        limit_arr[:n] = limits
-        out = self._decode(self.params, state.cache, src_arr, tokens, lengths, limit_arr)
-        seg = Segments(*(np.asarray(x)[:n] for x in jax.device_get(out)))
+        src_arr, tokens, lengths = self._suffix_batch(src, suffixes)
+        out = self._decode(self.params, state.cache, src_arr, tokens, lengths, self._limits(n, limits))
         self.tokens.prefill += int(lengths[:n].sum())
-        self.tokens.decode += int(seg.counts.sum())
-        return seg
+        return self._segments(out, n)
 
     def read(self, state: ContextState, src: Sequence[int], suffixes: Sequence[Sequence[int]]) -> Reading:
         """Prefill each suffix on a copy of its context row (`decode`'s first half)."""
         n = len(src)
-        b = bucket_rows(n)
-        rows = list(suffixes) + [[self.ids.pad]] * (b - n)
-        tokens, lengths = pad_batch(rows, self.ids.pad, bucket_length(max(map(len, rows))))
-        src_arr = np.zeros(b, np.int32)
-        src_arr[:n] = src
+        src_arr, tokens, lengths = self._suffix_batch(src, suffixes)
         cache, logits, rel = self._read(self.params, state.cache, src_arr, tokens, lengths)
         self.tokens.prefill += int(lengths[:n].sum())
-        return Reading(cache, logits, np.asarray(jax.device_get(rel))[:n], lengths[:n])
+        return Reading(cache, logits, np.asarray(jax.device_get(rel))[:n])
 
     def decode_rows(self, reading: Reading, rows: Sequence[int], limits: Sequence[int] | None = None) -> Segments:
         """Decode one segment for the read rows `rows` only (`decode`'s second half)."""
         n = len(rows)
-        b = bucket_rows(n)
-        limits = [self.max_new_tokens] * n if limits is None else [min(int(x), self.max_new_tokens) for x in limits]
-        idx = np.zeros(b, np.int32)
-        idx[:n] = rows
-        limit_arr = np.zeros(b, np.int32)
-        limit_arr[:n] = limits
-        out = self._decode_rows(self.params, reading.cache, reading.logits, idx, limit_arr)
+        out = self._decode_rows(self.params, reading.cache, reading.logits, self._padded(rows), self._limits(n, limits))
+        return self._segments(out, n)
+
+    def _padded(self, values: Sequence[int]) -> np.ndarray:
+        """int32 [bucket_rows(n)]: the values, then zeros (padding rows)."""
+        out = np.zeros(bucket_rows(len(values)), np.int32)
+        out[: len(values)] = values
+        return out
+
+    def _suffix_batch(self, src: Sequence[int], suffixes: Sequence[Sequence[int]]):
+        """(context row per row, suffix tokens, suffix lengths), rows and length bucketed."""
+        rows = list(suffixes) + [[self.ids.pad]] * (bucket_rows(len(src)) - len(src))
+        tokens, lengths = pad_batch(rows, self.ids.pad, bucket_length(max(map(len, rows))))
+        return self._padded(src), tokens, lengths
+
+    def _limits(self, n: int, limits: Sequence[int] | None) -> np.ndarray:
+        """Per-row token limits (default and cap: max_new_tokens); padding rows get 0 (skipped)."""
+        return self._padded([self.max_new_tokens] * n if limits is None
+                            else [min(int(x), self.max_new_tokens) for x in limits])
+
+    def _segments(self, out, n: int) -> Segments:
         seg = Segments(*(np.asarray(x)[:n] for x in jax.device_get(out)))
         self.tokens.decode += int(seg.counts.sum())
         return seg

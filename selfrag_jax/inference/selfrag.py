@@ -19,6 +19,7 @@ but never used.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -225,7 +226,7 @@ class ShortForm:
                   for i, row in pairs]
         suffixes = [row.suffix for row in rows]
         m = self.opts.keep_top
-        if not m or max(np.unique(src, return_counts=True)[1]) <= m:
+        if not m or max(Counter(i for i, row in pairs if row.passage is not None).values(), default=0) <= m:
             fill_rows(rows, self.engine.decode(state, src, suffixes, limits), self.tok)
             return
         reading = self.engine.read(state, src, suffixes)
