@@ -40,12 +40,13 @@ def test_demo_fast_variant(tmp_path, capsys):
         for row in rows.values():
             assert row["n"] == 4 and 0 <= row["accuracy"] <= 1 and 0 <= row["retrieval_frequency"] <= 1
         assert rows["always_top1"]["retrieval_frequency"] == 1 and rows["no_retrieval"]["retrieval_frequency"] == 0
+    assert report["gold_passage"]["n"] == 4 and 0 <= report["gold_passage"]["accuracy"] <= 1
     assert set(report["critic_agreement"]) == {"retrieve_input", "retrieve_sentence", "isrel", "issup", "isuse"}
     assert report["seconds"] > 0
     assert (work / "report.md").read_text().startswith("# Self-RAG demo")
     assert (work / "accuracy.png").stat().st_size > 1000
     out = capsys.readouterr().out
-    assert "A traced example" in out and "selfrag_no_issup" in out
+    assert "A traced example" in out and "selfrag_no_issup" in out and "reading ceiling" in out
 
     from selfrag_jax.demo.probe import reading_accuracy, reading_prompts
 

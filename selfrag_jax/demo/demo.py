@@ -103,9 +103,28 @@ def evaluate_models(models: Path, world: Path, index: Path, out: Path, limit: in
             hard = [i for i, (g, t) in enumerate(zip(gold, top1)) if g and t not in g]
             report["distractor_top1"] = {s: {"accuracy": float(np.mean([per_setting[s][1][i] for i in hard]))
                                              if hard else None, "n": len(hard)} for s in ("selfrag", "always_top1")}
+            report["gold_passage"] = gold_passage_reading(engine, tok, options["always_top1"], world, items)
     report["critic_agreement"] = critic_agreement(models / "critic", limit=limit or 200)
     report["trace"] = trace
     return report
+
+
+def gold_passage_reading(engine, tok, opts, world: Path, items: list) -> dict[str, Any]:
+    """The generator's reading ceiling: each factual question with its gold passage as the
+    only passage. Beside always-top-1 and Self-RAG it tells reading apart from selection."""
+    from selfrag_jax.evaluation.metrics import match
+    from selfrag_jax.inference.selfrag import ShortForm
+
+    with open(world / "passages.jsonl") as f:
+        passages = {p["id"]: p for p in map(json.loads, f)}
+    gold = [(it, it.record.get("meta", {}).get("gold_passage_ids", [])) for it in items]
+    with_gold = [replace(it, ctxs=[passages[ids[0]]]) for it, ids in gold if ids and ids[0] in passages]
+    if not with_gold:
+        return {"accuracy": None, "n": 0}
+    runner = ShortForm(engine, tok, replace(opts, task="open"))
+    records = [runner.record(r) for start in range(0, len(with_gold), 32) for r in runner.run(with_gold[start:start + 32])]
+    hits = [match(rec["prediction"], it.record["answers"]) for rec, it in zip(records, with_gold)]
+    return {"accuracy": float(np.mean(hits)), "n": len(hits)}
 
 
 def critic_agreement(critic_dir: Path, limit: int = 200) -> dict[str, float]:
@@ -144,6 +163,9 @@ def table(report: dict[str, Any]) -> str:
     if d.get("selfrag", {}).get("n"):
         lines.append(f"questions whose top-1 passage is a look-alike (n={d['selfrag']['n']}): "
                      f"Self-RAG {d['selfrag']['accuracy']:.3f} vs always-top-1 {d['always_top1']['accuracy']:.3f}")
+    g = report.get("gold_passage") or {}
+    if g.get("n"):
+        lines.append(f"reading ceiling, factual questions with their gold passage only (n={g['n']}): {g['accuracy']:.3f}")
     if report.get("critic_agreement"):
         lines.append("critic agreement with ground truth: " +
                      ", ".join(f"{k} {v:.2f}" for k, v in report["critic_agreement"].items()))
@@ -210,7 +232,7 @@ def run_demo(args: argparse.Namespace) -> int:
     report = dict(reports["shipped"])
     report["seconds"] = round(time.time() - t0, 1)
     if "retrained" in reports:
-        report["retrained"] = {k: reports["retrained"][k] for k in ("tasks", "critic_agreement", "distractor_top1")}
+        report["retrained"] = {k: reports["retrained"][k] for k in ("tasks", "critic_agreement", "distractor_top1", "gold_passage")}
         reading = work / "retrain" / "base_reading.done"
         if reading.exists():
             report["retrained"]["base_reading"] = {k: v for k, v in json.loads(reading.read_text()).items()
