@@ -41,6 +41,11 @@ def test_demo_fast_variant(tmp_path, capsys):
             assert row["n"] == 4 and 0 <= row["accuracy"] <= 1 and 0 <= row["retrieval_frequency"] <= 1
         assert rows["always_top1"]["retrieval_frequency"] == 1 and rows["no_retrieval"]["retrieval_frequency"] == 0
     assert report["gold_passage"]["n"] == 4 and 0 <= report["gold_passage"]["accuracy"] <= 1
+    # the reading ceiling gives each question exactly its gold passage, and nothing else
+    gold = [json.loads(line)["meta"]["gold_passage_ids"]
+            for line in (work / "world" / "eval" / "world_qa.jsonl").read_text().splitlines()[:4]]
+    rows = [json.loads(line) for line in (work / "shipped" / "predictions" / "world_qa.gold_passage.jsonl").read_text().splitlines()]
+    assert [[c["passage"]["id"] for c in r["candidates"]] for r in rows] == [ids[:1] for ids in gold]
     assert set(report["critic_agreement"]) == {"retrieve_input", "retrieve_sentence", "isrel", "issup", "isuse"}
     assert report["seconds"] > 0
     assert (work / "report.md").read_text().startswith("# Self-RAG demo")

@@ -103,28 +103,32 @@ def evaluate_models(models: Path, world: Path, index: Path, out: Path, limit: in
             hard = [i for i, (g, t) in enumerate(zip(gold, top1)) if g and t not in g]
             report["distractor_top1"] = {s: {"accuracy": float(np.mean([per_setting[s][1][i] for i in hard]))
                                              if hard else None, "n": len(hard)} for s in ("selfrag", "always_top1")}
-            report["gold_passage"] = gold_passage_reading(engine, tok, options["always_top1"], world, items)
+            report["gold_passage"] = gold_passage_reading(engine, tok, replace(options["always_top1"], task=task),
+                                                          world, items, gold, batch_size, out)
     report["critic_agreement"] = critic_agreement(models / "critic", limit=limit or 200)
     report["trace"] = trace
     return report
 
 
-def gold_passage_reading(engine, tok, opts, world: Path, items: list) -> dict[str, Any]:
-    """The generator's reading ceiling: each factual question with its gold passage as the
-    only passage. Beside always-top-1 and Self-RAG it tells reading apart from selection."""
+def gold_passage_reading(engine, tok, opts, world: Path, items: list, gold: list[set[str]], batch_size: int,
+                         out: Path) -> dict[str, Any]:
+    """The generator's reading ceiling: each factual question with one of its gold passages
+    (`gold`: ids per item) as the only passage. Beside always-top-1 and Self-RAG it tells
+    reading apart from selection. Predictions go beside the other settings'."""
     from selfrag_jax.evaluation.metrics import match
     from selfrag_jax.inference.selfrag import ShortForm
+    from selfrag_jax.world.passages import read_jsonl
 
-    with open(world / "passages.jsonl") as f:
-        passages = {p["id"]: p for p in map(json.loads, f)}
-    gold = [(it, it.record.get("meta", {}).get("gold_passage_ids", [])) for it in items]
-    with_gold = [replace(it, ctxs=[passages[ids[0]]]) for it, ids in gold if ids and ids[0] in passages]
-    if not with_gold:
-        return {"accuracy": None, "n": 0}
-    runner = ShortForm(engine, tok, replace(opts, task="open"))
-    records = [runner.record(r) for start in range(0, len(with_gold), 32) for r in runner.run(with_gold[start:start + 32])]
+    passages = {p["id"]: p for p in read_jsonl(world / "passages.jsonl")}
+    with_gold = [replace(it, ctxs=[passages[min(ids & passages.keys())]]) for it, ids in zip(items, gold)
+                 if ids & passages.keys()]
+    runner = ShortForm(engine, tok, opts)
+    records = [runner.record(r) for start in range(0, len(with_gold), batch_size)
+               for r in runner.run(with_gold[start:start + batch_size])]
+    with open(out / "predictions" / "world_qa.gold_passage.jsonl", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
     hits = [match(rec["prediction"], it.record["answers"]) for rec, it in zip(records, with_gold)]
-    return {"accuracy": float(np.mean(hits)), "n": len(hits)}
+    return {"accuracy": float(np.mean(hits)) if hits else None, "n": len(hits)}
 
 
 def critic_agreement(critic_dir: Path, limit: int = 200) -> dict[str, float]:
