@@ -23,6 +23,9 @@
     generator (the index folder's passages file locates the world unless --world-dir):
     1. honest refusal: on world_qa + world_unanswerable, selfrag vs selfrag+refuse.
        Goals: >= 80% of unanswerable questions refused; answerable accuracy within 5 points.
+       Then selfrag+refuse again at each IsRel threshold of --rel-curve: the trade-off curve
+       (results' `refusal_curve`, and a plot with --plot). A generator whose IsRel does not
+       tell the asked person's passages from look-alikes gives a flat curve.
     2. corrective re-retrieval: world_qa with passages from the index (clean), then with
        every passage of the asked person replaced by the next-ranked passages of others
        (distractors, as static `ctxs`), selfrag vs selfrag+crag (extra rounds from the
@@ -182,7 +185,8 @@ def world(args: argparse.Namespace) -> dict[str, Any]:
 
     world_dir = Path(args.world_dir) if args.world_dir else world_of_index(Path(args.index))
     extra = ["--ndocs", str(args.ndocs), "--max-new-tokens", str(args.max_new_tokens),
-             "--batch-size", str(args.batch_size), "--max-rounds", str(args.max_rounds), "--task", "open"]
+             "--batch-size", str(args.batch_size), "--max-rounds", str(args.max_rounds), "--task", "open",
+             "--refuse-rel-threshold", str(args.refuse_rel_threshold)]
     cargs = world_args(args.model, args.index, extra)
     session = Session.load(cargs)
     judge = WorldFactJudge.from_world(world_dir)
@@ -199,6 +203,15 @@ def world(args: argparse.Namespace) -> dict[str, Any]:
         return compare(session, items(records), [PipelineSpec.parse(n) for n in names], cargs, judge, warmup=False)
 
     refusal = run(qa + un, ("selfrag", "selfrag+refuse"))
+    curve = []  # the support bar's trade-off: refusals of unanswerable vs accuracy on answerable
+    for t in sorted({args.refuse_rel_threshold, *args.rel_curve}):
+        r = refusal["selfrag+refuse"] if t == args.refuse_rel_threshold else \
+            compare(session, items(qa + un), [PipelineSpec.parse("selfrag+refuse")],
+                    replace_ns(cargs, refuse_rel_threshold=t), judge, warmup=False)["selfrag+refuse"]
+        curve.append({"rel_threshold": t, "refused_unanswerable": r["refusal_rate_unanswerable"],
+                      "refused_answerable": r["refusal_rate_answerable"], "accuracy": r["accuracy"]})
+    if args.plot:
+        plot_refusal_curve(curve, refusal["selfrag"]["accuracy"], Path(args.plot))
     clean_runs = run(qa, ("selfrag", f"selfrag+keep{KEEP}"))
     clean, kept = clean_runs["selfrag"], clean_runs[f"selfrag+keep{KEEP}"]
     crag = run(distracted, ("selfrag", "selfrag+crag"))
@@ -224,9 +237,42 @@ def world(args: argparse.Namespace) -> dict[str, Any]:
          "goal": "drop <= 2 points", "met": clean["accuracy"] - kept["accuracy"] <= 0.02},
     ]
     return {"world_dir": str(world_dir), "model": args.model, "index": args.index, "n_per_set": args.n,
+            "refuse_rel_threshold": args.refuse_rel_threshold, "refusal_curve": curve,
             "refusal": refusal, "clean": clean, f"clean_keep{KEEP}": kept, "distractors": crag,
             "accuracy_drop_from_refusal": acc_drop, "crag_lost": lost, "crag_recovered": recovered,
             "summary": summary}
+
+
+def replace_ns(ns: argparse.Namespace, **changes) -> argparse.Namespace:
+    return argparse.Namespace(**{**vars(ns), **changes})
+
+
+def plot_refusal_curve(curve: list[dict[str, Any]], no_refusal_accuracy: float, path: Path) -> None:
+    """Refused unanswerable questions against accuracy on answerable ones, one point per
+    IsRel threshold of the support bar; the goal region is shaded."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    xs = [100 * c["refused_unanswerable"] for c in curve]
+    ys = [100 * c["accuracy"] for c in curve]
+    ax.plot(xs, ys, marker="o")
+    for c, x, y in zip(curve, xs, ys):
+        ax.annotate(f"{c['rel_threshold']:g}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    ax.axhline(100 * no_refusal_accuracy, color="grey", ls="--", lw=1, label="selfrag, no refusal")
+    ax.axhspan(100 * no_refusal_accuracy - 5, 100 * no_refusal_accuracy, xmin=0.8, color="green", alpha=0.1,
+               label="goal")
+    ax.set_xlim(0, 100)
+    ax.set_xlabel("unanswerable questions refused (%)")
+    ax.set_ylabel("accuracy on answerable (%)")
+    ax.set_title("honest refusal: the IsRel bar (labels: threshold)", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def world_of_index(index: Path) -> Path:
@@ -250,6 +296,12 @@ def main(argv=None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=24)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--max-rounds", type=int, default=2)
+    parser.add_argument("--refuse-rel-threshold", type=float, default=0.5,
+                        help="--world: the support bar's IsRel threshold the goals are judged at")
+    parser.add_argument("--rel-curve", type=lambda v: [float(x) for x in v.split(",") if x.strip()],
+                        default=[0.3, 0.5, 0.7, 0.8, 0.9, 0.95],
+                        help="--world: IsRel thresholds to rerun selfrag+refuse at (comma-separated; '' for none)")
+    parser.add_argument("--plot", help="--world: write the refusal curve here (PNG)")
     parser.add_argument("--repeats", type=int, help="latency: timed runs per pipeline and K, after one warm-up [3]")
     args = parser.parse_args(argv)
     result: dict[str, Any] = {"date": now(), "machine": machine_info(), "versions": versions("transformers")}
