@@ -199,22 +199,22 @@ def world(args: argparse.Namespace) -> dict[str, Any]:
     def items(records):
         return [parse_item(json.dumps(r), f"world:{i + 1}", "open") for i, r in enumerate(records)]
 
-    def run(records, names):
-        return compare(session, items(records), [PipelineSpec.parse(n) for n in names], cargs, judge, warmup=False)
+    def run(parsed, names, flags=cargs):
+        return compare(session, parsed, [PipelineSpec.parse(n) for n in names], flags, judge, warmup=False)
 
-    refusal = run(qa + un, ("selfrag", "selfrag+refuse"))
+    mixed = items(qa + un)
+    refusal = run(mixed, ("selfrag", "selfrag+refuse"))
     curve = []  # the support bar's trade-off: refusals of unanswerable vs accuracy on answerable
     for t in sorted({args.refuse_rel_threshold, *args.rel_curve}):
-        r = refusal["selfrag+refuse"] if t == args.refuse_rel_threshold else \
-            compare(session, items(qa + un), [PipelineSpec.parse("selfrag+refuse")],
-                    replace_ns(cargs, refuse_rel_threshold=t), judge, warmup=False)["selfrag+refuse"]
+        r = refusal["selfrag+refuse"] if t == args.refuse_rel_threshold else run(
+            mixed, ("selfrag+refuse",), argparse.Namespace(**{**vars(cargs), "refuse_rel_threshold": t}))["selfrag+refuse"]
         curve.append({"rel_threshold": t, "refused_unanswerable": r["refusal_rate_unanswerable"],
                       "refused_answerable": r["refusal_rate_answerable"], "accuracy": r["accuracy"]})
     if args.plot:
         plot_refusal_curve(curve, refusal["selfrag"]["accuracy"], Path(args.plot))
-    clean_runs = run(qa, ("selfrag", f"selfrag+keep{KEEP}"))
+    clean_runs = run(items(qa), ("selfrag", f"selfrag+keep{KEEP}"))
     clean, kept = clean_runs["selfrag"], clean_runs[f"selfrag+keep{KEEP}"]
-    crag = run(distracted, ("selfrag", "selfrag+crag"))
+    crag = run(items(distracted), ("selfrag", "selfrag+crag"))
     acc_drop = refusal["selfrag"]["accuracy"] - refusal["selfrag+refuse"]["accuracy"]
     refused_un = refusal["selfrag+refuse"]["refusal_rate_unanswerable"]
     lost = clean["accuracy"] - crag["selfrag"]["accuracy"]
@@ -243,18 +243,12 @@ def world(args: argparse.Namespace) -> dict[str, Any]:
             "summary": summary}
 
 
-def replace_ns(ns: argparse.Namespace, **changes) -> argparse.Namespace:
-    return argparse.Namespace(**{**vars(ns), **changes})
-
-
 def plot_refusal_curve(curve: list[dict[str, Any]], no_refusal_accuracy: float, path: Path) -> None:
     """Refused unanswerable questions against accuracy on answerable ones, one point per
     IsRel threshold of the support bar; the goal region is shaded."""
-    import matplotlib
+    from selfrag_jax.utils import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5, 3.5))
     xs = [100 * c["refused_unanswerable"] for c in curve]
     ys = [100 * c["accuracy"] for c in curve]

@@ -67,3 +67,14 @@ def progress(iterable=None, total=None, desc: str = "", unit: str = "it", disabl
     mininterval = 0.5 if sys.stderr.isatty() else 10.0
     return tqdm(iterable, total=total, desc=desc, unit=unit, disable=disable, mininterval=mininterval,
                 dynamic_ncols=True, **kwargs)
+
+
+def pyplot():
+    """matplotlib.pyplot on the file-only Agg backend (no display needed), imported on first
+    use so that `import selfrag_jax` stays light."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt

@@ -19,7 +19,7 @@ from helpers import make_hf_llama, make_tokenizer
 
 from selfrag_jax import tokens as T
 from selfrag_jax.inference.cli import run_batches
-from selfrag_jax.inference.engine import ControlIds, Engine
+from selfrag_jax.inference.engine import ControlIds, Engine, bucket
 from selfrag_jax.inference.items import parse_item
 from selfrag_jax.inference.scoring import RetrieveOptions
 from selfrag_jax.inference.selfrag import GenerateOptions, ShortForm, output_record
@@ -189,6 +189,14 @@ def test_keep_top_decodes_the_best_rows_by_isrel_exactly(model, engine, always_r
         assert rec["chosen"] == max(best, key=lambda j: full["candidates"][j]["scores"]["final"])
     with pytest.raises(ValueError, match="keep_top"):
         GenerateOptions(keep_top=2, pipeline="naive")
+
+
+def test_buckets_hold_n_with_at_most_a_fifth_padding():
+    """Past 8, a bucket wastes at most a fifth of its slots; buckets only grow with n."""
+    sizes = [bucket(n) for n in range(1, 5000)]
+    assert all(b >= n for n, b in enumerate(sizes, 1)) and sizes == sorted(sizes)
+    assert max((b - n) / b for n, b in enumerate(sizes, 1) if n > 8) <= 0.2
+    assert len(set(sizes)) <= 4 * 13  # four per octave: shapes grow logarithmically
 
 
 def test_compiled_programs_stay_few_over_200_questions(model):

@@ -191,11 +191,9 @@ def traced_example(trace: dict[str, Any] | None, tok) -> str:
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
-    import matplotlib
+    from selfrag_jax.utils import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     tasks = list(report["tasks"])
     fig, ax = plt.subplots(figsize=(8, 3.5))
     width = 0.2

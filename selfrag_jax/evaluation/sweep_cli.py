@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from selfrag_jax.evaluation import sweep as S
+from selfrag_jax.utils import pyplot
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -81,18 +82,9 @@ def _slice(rows: list[dict], best: dict, free: tuple[str, ...]) -> list[dict]:
     return [r for r in rows if all(r[k] == best[k] for k in fixed)]
 
 
-def _figure():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def plot_w_sup(rows: list[dict], best: dict, path: Path) -> None:
     """Fig. 3 (b)-style: how the IsSup weight moves the metric."""
-    plt = _figure()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5, 3.5))
     for hard in dict.fromkeys(r["hard"] for r in rows):
         pts = sorted((r["w_sup"], r["metric"]) for r in _slice(rows, {**best, "hard": hard}, ("w_sup",)))
@@ -109,7 +101,7 @@ def plot_w_sup(rows: list[dict], best: dict, path: Path) -> None:
 
 def plot_threshold(rows: list[dict], best: dict, path: Path) -> None:
     """Fig. 3 (c)-style: accuracy against retrieval frequency as the threshold moves."""
-    plt = _figure()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5, 3.5))
     for rule in dict.fromkeys(r["rule"] for r in rows):
         pts = sorted((r["threshold"], r["retrieval_frequency"], r["metric"])
