@@ -21,12 +21,12 @@ from selfrag_jax.world.pretrain import PretrainConfig
 SMALL = WorldConfig(seed=3, n_people=400, n_ghosts=80, n_generator=1500, n_raw=400, n_critic_per_type=120,
                     n_practice_people=300, n_raw_practice=300, n_critic_practice_per_type=60,
                     vocab_size=1500, pretrain=PretrainConfig(n_lookups=400, n_reading=400, n_fresh_reading=1500, n_no_retrieval=100,
-                                            n_anneal_reading=300),
+                                            n_anneal_reading=300, n_relevance=300),
                     n_eval_factcheck=40, n_eval_mc=40, n_eval_longform=20, n_eval_no_retrieval=20)
 RECORD_KEYS = ["instruction", "input", "output", "id", "dataset_name"]
 TRAINING_FILES = ("train/generator.jsonl", "train/generator_meta.jsonl", "train/raw.jsonl", "train/raw_meta.jsonl",
                   "train/critic.jsonl", "train/practice_raw.jsonl", "train/practice_passages.jsonl",
-                  "pretrain.jsonl", "anneal.jsonl", "tokenizer/tokenizer.json")
+                  "pretrain.jsonl", "anneal.jsonl", "relevance.jsonl", "tokenizer/tokenizer.json")
 
 
 @pytest.fixture(scope="module")
@@ -148,6 +148,33 @@ def test_hard_lookalike_reading_asks_what_both_passages_state():
 
     hard, easy = share_of_docs_asking_a_shared_attribute(True), share_of_docs_asking_a_shared_attribute(False)
     assert hard > 0.9 and hard > easy + 0.2, (hard, easy)
+
+
+def test_relevance_docs_refuse_exactly_when_the_passage_is_someone_elses(built):
+    """Question first, one passage, then its answer or REFUSAL: a look-alike's passage states
+    the asked kind of fact too (when the look-alike has it), so only the name decides."""
+    import random
+
+    from selfrag_jax.world.pretrain import relevance_doc
+    from selfrag_jax.world.tasks import QUESTIONS
+
+    out, manifest = built
+    assert len(load(out, manifest["relevance"])) == SMALL.pretrain.n_relevance
+    world = make_world(seed=3, n_people=400, n_ghosts=80)
+    by_text = {passage_text(p.title, p.text): p for p in world.passages}
+    rng, refused, same_kind, people = random.Random(0), 0, 0, world.kb.train_people[:300]
+    for person in people:
+        question, passage, answer = relevance_doc(world, person, rng, "train").split("\n\n")
+        shown, answer = by_text[passage], answer.removeprefix("Answer: ")
+        asked = next(a for a, qs in QUESTIONS.items() if question in {"Question: " + q.format(name=person.name) for q in qs})
+        if answer == REFUSAL:
+            refused += 1
+            assert shown.entity_id != person.id
+            same_kind += asked in shown.facts
+        else:
+            assert shown.entity_id == person.id and answer == shown.facts[asked]
+    assert 0.4 < refused / len(people) < 0.6
+    assert same_kind / refused > 0.8
 
 
 def test_generator_outputs_parse_and_cover_every_class(built):

@@ -35,32 +35,80 @@ def reading_prompts(world_dir: str | Path, n: int = 200) -> tuple[list[str], lis
     return reading, closed, [r["answers"] for r in records]
 
 
+def _greedy_lines(model, prompts: list[str], batch_size: int, max_new_tokens: int) -> list[str]:
+    """The first line each prompt's greedy continuation gives; `model` = (config, params, tok)."""
+    from selfrag_jax.inference.decode import greedy_generate, pad_batch
+
+    config, params, tok = model
+    stop = jnp.asarray(sorted({tok.eos_id, *tok.encode_text("\n")[-1:]}), jnp.int32)  # an answer is one line
+    lines = []
+    for start in range(0, len(prompts), batch_size):
+        tokens, lengths = pad_batch([[tok.bos_id, *tok.encode_text(p)] for p in prompts[start:start + batch_size]],
+                                    tok.eos_id)
+        new, _ = greedy_generate(params, config, jnp.asarray(tokens), jnp.asarray(lengths), max_new_tokens,
+                                 stop, tok.eos_id)
+        lines += [tok.decode(row[row != tok.eos_id]).strip().split("\n")[0] for row in np.asarray(new)]
+    return lines
+
+
+def _load(model_dir):
+    from selfrag_jax.models.checkpoint import load_model
+
+    config, params, tok, _ = load_model(model_dir)
+    return config, params, tok
+
+
 def reading_accuracy(model_dir: str | Path, world_dir: str | Path, n: int = 200, batch_size: int = 50,
                      max_new_tokens: int = 12) -> dict:
     """{"with_passage": match rate, "closed_book": match rate, "n": questions, "examples": [...]}."""
     from selfrag_jax.evaluation.metrics import match
-    from selfrag_jax.inference.decode import greedy_generate, pad_batch
-    from selfrag_jax.models.checkpoint import load_model
 
-    config, params, tok, _ = load_model(model_dir)
-    stop = jnp.asarray(sorted({tok.eos_id, *tok.encode_text("\n")[-1:]}), jnp.int32)  # an answer is one line
+    model = _load(model_dir)
     reading, closed, answers = reading_prompts(world_dir, n)
     out: dict = {"n": len(answers), "examples": []}
     for key, prompts in (("with_passage", reading), ("closed_book", closed)):
-        hits = 0
-        for start in range(0, len(prompts), batch_size):
-            tokens, lengths = pad_batch([[tok.bos_id, *tok.encode_text(p)] for p in prompts[start:start + batch_size]],
-                                        tok.eos_id)
-            new, _ = greedy_generate(params, config, jnp.asarray(tokens), jnp.asarray(lengths), max_new_tokens,
-                                     stop, tok.eos_id)
-            for i, row in enumerate(np.asarray(new)):
-                text = tok.decode(row[row != tok.eos_id]).strip().split("\n")[0]
-                gold = answers[start + i]
-                hits += match(text, gold)
-                if key == "with_passage" and len(out["examples"]) < 5:
-                    out["examples"].append({"prompt_tail": prompts[start + i][-60:], "answer": text, "gold": gold})
-        out[key] = hits / max(len(prompts), 1)
+        texts = _greedy_lines(model, prompts, batch_size, max_new_tokens)
+        out[key] = sum(match(t, g) for t, g in zip(texts, answers)) / max(len(prompts), 1)
+        if key == "with_passage":
+            out["examples"] = [{"prompt_tail": p[-60:], "answer": t, "gold": g}
+                               for p, t, g in list(zip(prompts, texts, answers))[:5]]
     return out
+
+
+def relevance_accuracy(model_dir: str | Path, world_dir: str | Path, n: int = 200, batch_size: int = 50,
+                       max_new_tokens: int = 12) -> dict:
+    """Does the base model match the question's name to the passage's, question first (the
+    order of the critic's and the generator's input)? Held-out factual questions, each once
+    with its gold passage and once with a look-alike's (`world.pretrain.relevance_doc`'s
+    format): {"answered_own": match rate with the gold passage, "refused_own",
+    "refused_lookalike": rates of REFUSAL}."""
+    import random
+
+    from selfrag_jax.evaluation.metrics import match
+    from selfrag_jax.world.build import WorldConfig, world_of
+    from selfrag_jax.world.generator_data import lookalike_passage
+    from selfrag_jax.world.tasks import REFUSAL
+
+    world_dir = Path(world_dir)
+    manifest = json.loads((world_dir / "manifest.json").read_text())
+    world = world_of(WorldConfig(**{k: v for k, v in manifest["config"].items() if not isinstance(v, dict)}))
+    with open(world_dir / "eval" / "world_qa.jsonl") as f:
+        records = [json.loads(line) for _, line in zip(range(n), f)]
+    rng = random.Random(0)
+    own, other = [], []
+    for r in records:
+        person = next(p for p in world.kb.people if p.id == r["meta"]["entity_ids"][0])
+        gold = world.by_id[r["meta"]["gold_passage_ids"][0]]
+        alike = lookalike_passage(world, person, rng, person.split)
+        for shown, into in ((gold, own), (alike, other)):
+            into.append(f"Question: {r['question']}\n\n{T.passage_text(shown.title, shown.text)}\n\nAnswer: ")
+    model = _load(model_dir)
+    own_texts = _greedy_lines(model, own, batch_size, max_new_tokens)
+    other_texts = _greedy_lines(model, other, batch_size, max_new_tokens)
+    refused = lambda texts: sum(t.strip() == REFUSAL for t in texts) / max(len(texts), 1)  # noqa: E731
+    return {"n": len(records), "answered_own": sum(match(t, r["answers"]) for t, r in zip(own_texts, records)) / max(len(records), 1),
+            "refused_own": refused(own_texts), "refused_lookalike": refused(other_texts),
+            "examples": [{"lookalike_answer": t} for t in other_texts[:5]]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("world", help="world folder (passages.jsonl, eval/world_qa.jsonl)")
     parser.add_argument("--n", type=int, default=200)
     args = parser.parse_args(argv)
-    result = reading_accuracy(args.model, args.world, args.n)
+    result = {"reading": reading_accuracy(args.model, args.world, args.n),
+              "relevance": relevance_accuracy(args.model, args.world, args.n)}
     print(json.dumps(result, indent=1))
     return 0
 

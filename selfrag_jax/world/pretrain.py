@@ -16,7 +16,7 @@ from typing import Iterator
 from ..tokens import passage_text
 from .core import World
 from .generator_data import lookalike_passage
-from .tasks import QUESTIONS, TaskMaker
+from .tasks import QUESTIONS, REFUSAL, TaskMaker
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,14 @@ class PretrainConfig:
     # stage at a lower learning rate: only the name tells which passage answers. 400 such
     # steps took held-out reading with the gold passage from 0.60 to 0.76.
     n_anneal_reading: int = 10000
+    # The relevance set (`relevance.jsonl`), also mixed into the anneal stage: the question
+    # first, then one passage, then the answer, or REFUSAL when the passage is a look-alike's
+    # that states the asked attribute. This is the order the critic and the generator see
+    # (instruction, then evidence, then [IsRel]); the look-alike pairs of the reading
+    # documents come question-last, and a base that matched names there did not carry it to
+    # the instruction-first order (assets/default/README.md).
+    n_relevance: int = 30000
+    relevance_lookalike_share: float = 0.5
 
 
 def qa_text(q: str, a: str) -> str:
@@ -63,6 +71,21 @@ def reading_doc(world: World, person, rng: random.Random, split: str, n_question
     attrs = attrs[:n_questions]
     qs = [qa_text(rng.choice(QUESTIONS[a]).format(name=person.name), own.facts[a]) for a in attrs]
     return "\n\n".join([*(passage_text(s.title, s.text) for s in shown), *qs])
+
+
+def relevance_doc(world: World, person, rng: random.Random, split: str, lookalike_share: float = 0.5) -> str:
+    """The question about one fact of the person's, then their passage that states it and the
+    answer, or (`lookalike_share` of the time) a look-alike's passage stating the same kind of
+    fact and REFUSAL: only the name tells them apart."""
+    own = rng.choice(world.by_entity[person.id])
+    attr = rng.choice(sorted(own.facts))
+    shown, answer = own, own.facts[attr]
+    if rng.random() < lookalike_share:
+        other = lookalike_passage(world, person, rng, split)
+        stating = [p for p in world.by_entity[other.entity_id] if attr in p.facts]
+        shown, answer = (rng.choice(stating) if stating else other), REFUSAL
+    q = rng.choice(QUESTIONS[attr]).format(name=person.name)
+    return f"Question: {q}\n\n{passage_text(shown.title, shown.text)}\n\nAnswer: {answer}"
 
 
 def pretrain_texts(world: World, seed: int, cfg: PretrainConfig = PretrainConfig()) -> Iterator[str]:
@@ -100,19 +123,25 @@ def fresh_reading(world: World, seed: int, cfg: PretrainConfig) -> list[str]:
     """Reading documents about people of a separate, never-reused knowledge base, with a
     look-alike beside the passage half of the time."""
     return _fresh_docs(world, seed + 1_000_003, random.Random(seed * 7 + 11), cfg.n_fresh_reading,
-                       cfg.questions_per_reading, hard=False)
+                       lambda w, p, rng: reading_doc(w, p, rng, p.split, cfg.questions_per_reading))
 
 
 def anneal_texts(world: World, seed: int, cfg: PretrainConfig) -> list[str]:
     """The anneal stage's reading documents: fresh people again, every look-alike hard."""
     return _fresh_docs(world, seed + 5_000_011, random.Random(seed * 7 + 13), cfg.n_anneal_reading,
-                       cfg.questions_per_reading, hard=True)
+                       lambda w, p, rng: reading_doc(w, p, rng, p.split, cfg.questions_per_reading, hard=True))
 
 
-def _fresh_docs(world: World, kb_seed: int, rng: random.Random, n: int, n_questions: int, hard: bool) -> list[str]:
-    """n reading documents about the people of knowledge base `kb_seed`. Names that collide
-    with the main world's (first or last name of anyone there) are skipped, so held-out
-    people stay unseen."""
+def relevance_texts(world: World, seed: int, cfg: PretrainConfig) -> list[str]:
+    """The relevance documents: fresh people of their own knowledge base."""
+    return _fresh_docs(world, seed + 7_000_003, random.Random(seed * 7 + 17), cfg.n_relevance,
+                       lambda w, p, rng: relevance_doc(w, p, rng, p.split, cfg.relevance_lookalike_share))
+
+
+def _fresh_docs(world: World, kb_seed: int, rng: random.Random, n: int, doc) -> list[str]:
+    """`doc(fresh_world, person, rng)` for n people of knowledge base `kb_seed`. Names that
+    collide with the main world's (first or last name of anyone there) are skipped, so
+    held-out people stay unseen."""
     if not n:
         return []
     from .core import make_world
@@ -120,4 +149,4 @@ def _fresh_docs(world: World, kb_seed: int, rng: random.Random, n: int, n_questi
     taken = {part for p in world.kb.people for part in (p.first, p.last)}
     fresh = make_world(kb_seed, n + n // 4)
     people = [p for p in fresh.kb.people if p.first not in taken and p.last not in taken]
-    return [reading_doc(fresh, p, rng, p.split, n_questions, hard) for p in people[:n]]
+    return [doc(fresh, p, rng) for p in people[:n]]
