@@ -58,4 +58,4 @@ def build_test_world(out) -> dict:
     from selfrag_jax.world import WorldConfig, build_world
     from selfrag_jax.world.pretrain import PretrainConfig
 
-    return build_world(str(out), config=WorldConfig(pretrain=PretrainConfig(n_fresh_reading=2000, n_anneal_reading=500)))
+    return build_world(str(out), config=WorldConfig(pretrain=PretrainConfig(n_fresh_reading=2000, n_anneal_reading=500, n_relevance=500)))

@@ -1,8 +1,9 @@
 """The paper's pipeline end to end on the bundled world (`make train-default`).
 
 world -> retrieval indexes (bundled MiniLM; the world's corpus and the practice people's)
--> base model (pretrained on the world's text) -> anneal (400 steps more, half of them
-reading exercises with hard look-alikes) -> critic (fine-tuned on ground-truth labels)
+-> base model (pretrained on the world's text) -> anneal (1,500 steps more: the pretraining
+text, reading exercises with hard look-alikes and question-first relevance documents, a third
+each) -> critic (fine-tuned on ground-truth labels)
 -> annotation (the critic labels raw instruction-output pairs, the world's and the practice
 people's, with passages retrieved from their corpus) -> generator (fine-tuned on the
 result) -> exported critic and generator (bfloat16 safetensors, a few MB) for the demo.
@@ -27,7 +28,7 @@ ASSETS = Path(__file__).resolve().parents[1] / "assets" / "default"
 # step 1,000 of the full run and rose to 0.15 / 0.26 at steps 1,100 / 1,200 (the
 # induction-head phase change of small-models.md), so the reduced run cannot go much lower.
 BUDGETS = {
-    "full": {"base": 3500, "anneal": 400, "critic": 0, "generator": 0},  # 0: the config's epochs
+    "full": {"base": 3500, "anneal": 1500, "critic": 0, "generator": 0},  # 0: the config's epochs
     "reduced": {"base": 1500, "anneal": 200, "critic": 100, "generator": 120},
 }
 
@@ -130,7 +131,8 @@ class Stages:
         self.stage("base", lambda: self.train("base", [f"model.tokenizer={world}/tokenizer",
                                                        f"data.train_files=[{world}/pretrain.jsonl]"]))
         self.stage("anneal", lambda: self.train("anneal", [f"model.init_from={self.out / 'base'}",
-                                                           f"data.train_files=[{world}/anneal.jsonl,{world}/pretrain.jsonl]"]))
+                                                           f"data.train_files=[{world}/anneal.jsonl,{world}/relevance.jsonl,"
+                                                           f"{world}/pretrain.jsonl]"]))
         self.stage("base_reading", self.base_reading)
         self.stage("critic", lambda: self.train("critic", [f"model.init_from={self.out / 'anneal'}",
                                                            f"data.train_files=[{world}/train/critic.jsonl]"]))
