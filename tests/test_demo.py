@@ -53,7 +53,7 @@ def test_demo_fast_variant(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "A traced example" in out and "selfrag_no_issup" in out and "reading ceiling" in out
 
-    from selfrag_jax.demo.probe import reading_accuracy, reading_prompts
+    from selfrag_jax.demo.probe import RELEVANCE_FORMS, reading_accuracy, reading_prompts, relevance_accuracy
 
     prompts, closed, answers = reading_prompts(work / "world", n=3)
     assert len(prompts) == 3 and all(p.endswith("\nAnswer: ") and "\n\nQuestion: " in p for p in prompts)
@@ -61,3 +61,7 @@ def test_demo_fast_variant(tmp_path, capsys):
     assert all(c.startswith("Question: ") and p.endswith(c) for c, p in zip(closed, prompts))
     probe = reading_accuracy(tmp_path / "models" / "generator", work / "world", n=4, batch_size=3)
     assert probe["n"] == 4 and 0 <= probe["with_passage"] <= 1 and 0 <= probe["closed_book"] <= 1
+    rel = relevance_accuracy(tmp_path / "models" / "generator", work / "world", n=4, batch_size=3)
+    assert rel["n"] == 4 and set(rel) == {"n", *RELEVANCE_FORMS}
+    for form in RELEVANCE_FORMS:
+        assert all(0 <= rel[form][k] <= 1 for k in ("answered_own", "refused_own", "refused_lookalike"))

@@ -75,13 +75,22 @@ def reading_accuracy(model_dir: str | Path, world_dir: str | Path, n: int = 200,
     return out
 
 
+# The orders a relevance probe asks in: the relevance documents' own, and the critic's input
+# fields with an answer cue. v4's base matched names in the first (96% of look-alikes refused,
+# 24% of own passages) and not in the second (61% / 54%): the skill stayed in its form.
+RELEVANCE_FORMS = {
+    "question": "Question: {q}\n\n{p}\n\nAnswer: ",
+    "evidence": "Task instruction: {q}\nEvidence: {p}\nAnswer: ",
+}
+
+
 def relevance_accuracy(model_dir: str | Path, world_dir: str | Path, n: int = 200, batch_size: int = 50,
-                       max_new_tokens: int = 12) -> dict:
+                       max_new_tokens: int = 12, forms: dict[str, str] = RELEVANCE_FORMS) -> dict:
     """Does the base model match the question's name to the passage's, question first (the
     order of the critic's and the generator's input)? Held-out factual questions, each once
-    with its gold passage and once with a look-alike's (`world.pretrain.relevance_doc`'s
-    format): {"answered_own": match rate with the gold passage, "refused_own",
-    "refused_lookalike": rates of REFUSAL}."""
+    with its gold passage and once with a look-alike's, in each of `forms`: {form:
+    {"answered_own": match rate with the gold passage, "refused_own", "refused_lookalike":
+    rates of REFUSAL}}."""
     import random
 
     from selfrag_jax.evaluation.metrics import match
@@ -94,21 +103,22 @@ def relevance_accuracy(model_dir: str | Path, world_dir: str | Path, n: int = 20
     world = world_of(WorldConfig(**{k: v for k, v in manifest["config"].items() if not isinstance(v, dict)}))
     with open(world_dir / "eval" / "world_qa.jsonl") as f:
         records = [json.loads(line) for _, line in zip(range(n), f)]
-    rng = random.Random(0)
-    own, other = [], []
+    rng, shown = random.Random(0), []
     for r in records:
         person = next(p for p in world.kb.people if p.id == r["meta"]["entity_ids"][0])
         gold = world.by_id[r["meta"]["gold_passage_ids"][0]]
-        alike = lookalike_passage(world, person, rng, person.split)
-        for shown, into in ((gold, own), (alike, other)):
-            into.append(f"Question: {r['question']}\n\n{T.passage_text(shown.title, shown.text)}\n\nAnswer: ")
-    model = _load(model_dir)
-    own_texts = _greedy_lines(model, own, batch_size, max_new_tokens)
-    other_texts = _greedy_lines(model, other, batch_size, max_new_tokens)
-    refused = lambda texts: sum(t.strip() == REFUSAL for t in texts) / max(len(texts), 1)  # noqa: E731
-    return {"n": len(records), "answered_own": sum(match(t, r["answers"]) for t, r in zip(own_texts, records)) / max(len(records), 1),
-            "refused_own": refused(own_texts), "refused_lookalike": refused(other_texts),
-            "examples": [{"lookalike_answer": t} for t in other_texts[:5]]}
+        shown.append((r["question"], gold, lookalike_passage(world, person, rng, person.split)))
+    model, out = _load(model_dir), {"n": len(records)}
+    share = lambda hits: sum(hits) / max(len(records), 1)  # noqa: E731
+    for name, form in forms.items():
+        own = _greedy_lines(model, [form.format(q=q, p=T.passage_text(g.title, g.text)) for q, g, _ in shown],
+                            batch_size, max_new_tokens)
+        other = _greedy_lines(model, [form.format(q=q, p=T.passage_text(a.title, a.text)) for q, _, a in shown],
+                              batch_size, max_new_tokens)
+        out[name] = {"answered_own": share(match(t, r["answers"]) for t, r in zip(own, records)),
+                     "refused_own": share(t == REFUSAL for t in own),
+                     "refused_lookalike": share(t == REFUSAL for t in other), "lookalike_examples": other[:3]}
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
