@@ -26,7 +26,7 @@ SMALL = WorldConfig(seed=3, n_people=400, n_ghosts=80, n_generator=1500, n_raw=4
 RECORD_KEYS = ["instruction", "input", "output", "id", "dataset_name"]
 TRAINING_FILES = ("train/generator.jsonl", "train/generator_meta.jsonl", "train/raw.jsonl", "train/raw_meta.jsonl",
                   "train/critic.jsonl", "train/practice_raw.jsonl", "train/practice_passages.jsonl",
-                  "pretrain.jsonl", "anneal.jsonl", "relevance.jsonl", "tokenizer/tokenizer.json")
+                  "pretrain.jsonl", "anneal.jsonl", "relevance.jsonl", "relevance_forms.jsonl", "tokenizer/tokenizer.json")
 
 
 @pytest.fixture(scope="module")
@@ -160,6 +160,10 @@ def test_relevance_docs_refuse_exactly_when_the_passage_is_someone_elses(built):
 
     out, manifest = built
     assert len(load(out, manifest["relevance"])) == SMALL.pretrain.n_relevance
+    forms = collections.Counter(r["text"].split(":")[0] + ("/evidence" if "from the evidence" in r["text"] else "")
+                                for r in load(out, manifest["relevance_forms"]))
+    assert len(forms) == 4 and min(forms.values()) > SMALL.pretrain.n_relevance / 8, forms
+    assert all(r["text"].startswith("Question: ") for r in load(out, manifest["relevance"]))
     world = make_world(seed=3, n_people=400, n_ghosts=80)
     by_text = {passage_text(p.title, p.text): p for p in world.passages}
     rng, refused, same_kind, people = random.Random(0), 0, 0, world.kb.train_people[:300]

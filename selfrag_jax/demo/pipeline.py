@@ -3,7 +3,8 @@
 world -> retrieval indexes (bundled MiniLM; the world's corpus and the practice people's)
 -> base model (pretrained on the world's text) -> anneal (1,500 steps more: the pretraining
 text, reading exercises with hard look-alikes and question-first relevance documents, a third
-each) -> critic (fine-tuned on ground-truth labels)
+each) -> anneal2 (1,500 more, the relevance documents now in four surface forms) -> critic
+(fine-tuned on ground-truth labels)
 -> annotation (the critic labels raw instruction-output pairs, the world's and the practice
 people's, with passages retrieved from their corpus) -> generator (fine-tuned on the
 result) -> exported critic and generator (bfloat16 safetensors, a few MB) for the demo.
@@ -28,8 +29,8 @@ ASSETS = Path(__file__).resolve().parents[1] / "assets" / "default"
 # step 1,000 of the full run and rose to 0.15 / 0.26 at steps 1,100 / 1,200 (the
 # induction-head phase change of small-models.md), so the reduced run cannot go much lower.
 BUDGETS = {
-    "full": {"base": 3500, "anneal": 1500, "critic": 0, "generator": 0},  # 0: the config's epochs
-    "reduced": {"base": 1500, "anneal": 200, "critic": 100, "generator": 120},
+    "full": {"base": 3500, "anneal": 1500, "anneal2": 1500, "critic": 0, "generator": 0},  # 0: the config's epochs
+    "reduced": {"base": 1500, "anneal": 200, "anneal2": 100, "critic": 100, "generator": 120},
 }
 
 
@@ -82,12 +83,16 @@ class Stages:
         return {"steps": final["num_steps"], "final_loss": final.get("loss")}
 
     def base_reading(self):
-        """How well the base model reads held-out passages: what the generator can build on."""
-        from selfrag_jax.demo.probe import reading_accuracy
+        """How well the annealed base reads held-out passages and matches their names: what the
+        critic and the generator can build on."""
+        from selfrag_jax.demo.probe import reading_accuracy, relevance_accuracy
 
-        result = reading_accuracy(self.out / "anneal", self.out / "world", n=200)
+        result = reading_accuracy(self.out / "anneal2", self.out / "world", n=200)
+        result["relevance"] = relevance_accuracy(self.out / "anneal2", self.out / "world", n=200)
         self.log(f"base model, held-out questions: {result['with_passage']:.2f} match with the gold passage, "
-                 f"{result['closed_book']:.2f} without")
+                 f"{result['closed_book']:.2f} without; \"I don't know.\" to look-alike / own passages: " +
+                 ", ".join(f"{k} {v['refused_lookalike']:.2f} / {v['refused_own']:.2f}"
+                           for k, v in result["relevance"].items() if k != "n"))
         return result
 
     def annotate(self):
@@ -133,11 +138,14 @@ class Stages:
         self.stage("anneal", lambda: self.train("anneal", [f"model.init_from={self.out / 'base'}",
                                                            f"data.train_files=[{world}/anneal.jsonl,{world}/relevance.jsonl,"
                                                            f"{world}/pretrain.jsonl]"]))
+        self.stage("anneal2", lambda: self.train("anneal2", [f"model.init_from={self.out / 'anneal'}",
+                                                             f"data.train_files=[{world}/anneal.jsonl,"
+                                                             f"{world}/relevance_forms.jsonl,{world}/pretrain.jsonl]"]))
         self.stage("base_reading", self.base_reading)
-        self.stage("critic", lambda: self.train("critic", [f"model.init_from={self.out / 'anneal'}",
+        self.stage("critic", lambda: self.train("critic", [f"model.init_from={self.out / 'anneal2'}",
                                                            f"data.train_files=[{world}/train/critic.jsonl]"]))
         self.stage("annotate", self.annotate)
-        self.stage("generator", lambda: self.train("generator", [f"model.init_from={self.out / 'anneal'}",
+        self.stage("generator", lambda: self.train("generator", [f"model.init_from={self.out / 'anneal2'}",
                                                                  f"data.train_files=[{self.out / 'annotated.jsonl'}]"]))
         if export:
             self.stage("export", self.export)

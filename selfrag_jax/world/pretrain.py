@@ -73,10 +73,27 @@ def reading_doc(world: World, person, rng: random.Random, split: str, n_question
     return "\n\n".join([*(passage_text(s.title, s.text) for s in shown), *qs])
 
 
-def relevance_doc(world: World, person, rng: random.Random, split: str, lookalike_share: float = 0.5) -> str:
+# The surface forms of the relevance documents. The first stage of the anneal uses the
+# first form only; the second, all four. A base trained on one form matched names in that
+# form only ("I don't know." for 97% of look-alike passages after "Question: ..", but 61% of
+# look-alikes and 54% of own passages after "Task instruction: .. Evidence: .."), and the
+# critic and the generator fine-tuned from it rated look-alikes relevant. Four forms from the
+# start, same budget, gave no name matching in any form. A pretrained Llama has seen
+# question-then-document text in countless forms; these stand in for that. No reflection or
+# passage token ever appears here.
+RELEVANCE_FORMS = (
+    "Question: {q}\n\n{p}\n\nAnswer: {a}",
+    "Task instruction: {q}\nEvidence: {p}\nAnswer: {a}",
+    "### Instruction:\n{q}\n\n### Input:\n{p}\n\n### Response:\n{a}",
+    "### Instruction:\nAnswer the question from the evidence.\n\n### Input:\nQuestion: {q}\nEvidence: {p}\n\n### Response:\n{a}",
+)
+
+
+def relevance_doc(world: World, person, rng: random.Random, split: str, lookalike_share: float = 0.5,
+                  forms: tuple[str, ...] = RELEVANCE_FORMS[:1]) -> str:
     """The question about one fact of the person's, then their passage that states it and the
     answer, or (`lookalike_share` of the time) a look-alike's passage stating the same kind of
-    fact and REFUSAL: only the name tells them apart."""
+    fact and REFUSAL: only the name tells them apart. One of `forms`, at random."""
     own = rng.choice(world.by_entity[person.id])
     attr = rng.choice(sorted(own.facts))
     shown, answer = own, own.facts[attr]
@@ -85,7 +102,8 @@ def relevance_doc(world: World, person, rng: random.Random, split: str, lookalik
         stating = [p for p in world.by_entity[other.entity_id] if attr in p.facts]
         shown, answer = (rng.choice(stating) if stating else other), REFUSAL
     q = rng.choice(QUESTIONS[attr]).format(name=person.name)
-    return f"Question: {q}\n\n{passage_text(shown.title, shown.text)}\n\nAnswer: {answer}"
+    form = forms[0] if len(forms) == 1 else rng.choice(forms)
+    return form.format(q=q, p=passage_text(shown.title, shown.text), a=answer)
 
 
 def pretrain_texts(world: World, seed: int, cfg: PretrainConfig = PretrainConfig()) -> Iterator[str]:
@@ -132,10 +150,10 @@ def anneal_texts(world: World, seed: int, cfg: PretrainConfig) -> list[str]:
                        lambda w, p, rng: reading_doc(w, p, rng, p.split, cfg.questions_per_reading, hard=True))
 
 
-def relevance_texts(world: World, seed: int, cfg: PretrainConfig) -> list[str]:
+def relevance_texts(world: World, seed: int, cfg: PretrainConfig, forms: tuple[str, ...] = RELEVANCE_FORMS[:1]) -> list[str]:
     """The relevance documents: fresh people of their own knowledge base."""
     return _fresh_docs(world, seed + 7_000_003, random.Random(seed * 7 + 17), cfg.n_relevance,
-                       lambda w, p, rng: relevance_doc(w, p, rng, p.split, cfg.relevance_lookalike_share))
+                       lambda w, p, rng: relevance_doc(w, p, rng, p.split, cfg.relevance_lookalike_share, forms))
 
 
 def _fresh_docs(world: World, kb_seed: int, rng: random.Random, n: int, doc) -> list[str]:
