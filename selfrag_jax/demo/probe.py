@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from selfrag_jax import tokens as T
+from selfrag_jax.world.pretrain import RELEVANCE_FORMS as PRETRAIN_RELEVANCE_FORMS
 from selfrag_jax.world.pretrain import qa_text
 
 
@@ -75,13 +76,12 @@ def reading_accuracy(model_dir: str | Path, world_dir: str | Path, n: int = 200,
     return out
 
 
-# The orders a relevance probe asks in: the relevance documents' own, and the critic's input
-# fields with an answer cue. v4's base matched names in the first (96% of look-alikes refused,
-# 24% of own passages) and not in the second (61% / 54%): the skill stayed in its form.
-RELEVANCE_FORMS = {
-    "question": "Question: {q}\n\n{p}\n\nAnswer: ",
-    "evidence": "Task instruction: {q}\nEvidence: {p}\nAnswer: ",
-}
+# The orders a relevance probe asks in: the relevance documents' first two forms (their own
+# order, and the critic's IsRel input fields), ending at the answer cue. v4's base matched
+# names in the first (96% of look-alikes refused, 24% of own passages) and not in the second
+# (61% / 54%): the skill stayed in its form.
+RELEVANCE_FORMS = {name: form.format(q="{q}", p="{p}", a="")
+                   for name, form in zip(("question", "evidence"), PRETRAIN_RELEVANCE_FORMS)}
 
 
 def relevance_accuracy(model_dir: str | Path, world_dir: str | Path, n: int = 200, batch_size: int = 50,

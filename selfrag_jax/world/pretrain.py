@@ -15,6 +15,7 @@ from typing import Iterator
 
 from ..tokens import passage_text
 from .core import World
+from .critic_data import isrel_input
 from .generator_data import lookalike_passage
 from .tasks import QUESTIONS, REFUSAL, TaskMaker
 
@@ -83,7 +84,7 @@ def reading_doc(world: World, person, rng: random.Random, split: str, n_question
 # passage token ever appears here.
 RELEVANCE_FORMS = (
     "Question: {q}\n\n{p}\n\nAnswer: {a}",
-    "Task instruction: {q}\nEvidence: {p}\nAnswer: {a}",
+    isrel_input("{q}", "{p}") + "\nAnswer: {a}",  # the critic's own IsRel fields
     "### Instruction:\n{q}\n\n### Input:\n{p}\n\n### Response:\n{a}",
     "### Instruction:\nAnswer the question from the evidence.\n\n### Input:\nQuestion: {q}\nEvidence: {p}\n\n### Response:\n{a}",
 )
