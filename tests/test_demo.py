@@ -65,3 +65,23 @@ def test_demo_fast_variant(tmp_path, capsys):
     assert rel["n"] == 4 and set(rel) == {"n", *RELEVANCE_FORMS}
     for form in RELEVANCE_FORMS:
         assert all(0 <= rel[form][k] <= 1 for k in ("answered_own", "refused_own", "refused_lookalike"))
+
+
+def test_pipeline_stage_configs_chain(tmp_path):
+    """`make train-default` reads each stage's paths from its config: every run, init_from,
+    tokenizer and data file lands under the pipeline's folder, and each stage starts from the
+    one before it."""
+    from selfrag_jax.demo.pipeline import Stages
+
+    stages = Stages(tmp_path, budget="reduced")
+    cfgs = {name: stages.config(name) for name in ("base", "anneal", "anneal2", "critic", "generator")}
+    for name, cfg in cfgs.items():
+        assert cfg.run_dir == str(tmp_path / name)
+        assert all(f.startswith(str(tmp_path) + "/") for f in cfg.data.train_files), (name, cfg.data.train_files)
+    assert cfgs["base"].model.tokenizer == str(tmp_path / "world" / "tokenizer")
+    chain = {"anneal": "base", "anneal2": "anneal", "critic": "anneal2", "generator": "anneal2"}
+    assert {n: cfgs[n].model.init_from for n in chain} == {n: str(tmp_path / b) for n, b in chain.items()}
+    assert cfgs["generator"].data.train_files == [str(tmp_path / "annotated.jsonl")]
+    assert cfgs["anneal2"].data.train_files[1] == str(tmp_path / "world" / "relevance_forms.jsonl")
+    assert cfgs["critic"].num_steps == 100  # the reduced budget
+    assert stages.config("critic", ["optim.learning_rate=3e-4"]).optim.learning_rate == 3e-4

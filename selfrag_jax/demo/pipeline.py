@@ -72,14 +72,26 @@ class Stages:
         build_index_folder(BuildConfig(passages=str(self.out / "world" / passages),
                                        out=str(self.out / out), **extra), log=self.log)
 
-    def train(self, name: str, overrides: list[str]):
+    def config(self, name: str, overrides: list[str] = ()):
+        """configs/default/<name>.yaml with its placeholders pointed into `out`: WORLD is the
+        world's folder, runs/default is `out` itself (so stages find each other's outputs)."""
+        import yaml
+
         from selfrag_jax.training.config import load_config
+
+        def local(path: str) -> str:
+            return path.replace("WORLD", str(self.out / "world")).replace("runs/default", str(self.out))
+
+        raw = yaml.safe_load((CONFIGS / f"{name}.yaml").read_text())
+        paths = [f"run_dir={local(raw['run_dir'])}", f"data.train_files=[{','.join(map(local, raw['data']['train_files']))}]"]
+        paths += [f"model.{k}={local(raw['model'][k])}" for k in ("init_from", "tokenizer") if raw["model"].get(k)]
+        steps = BUDGETS[self.budget][name]
+        return load_config(CONFIGS / f"{name}.yaml", paths + list(overrides) + ([f"num_steps={steps}"] if steps else []))
+
+    def train(self, name: str, overrides: list[str] = ()):
         from selfrag_jax.training.main import train
 
-        steps = BUDGETS[self.budget][name]
-        cfg = load_config(CONFIGS / f"{name}.yaml", [f"run_dir={self.out / name}", *overrides]
-                          + ([f"num_steps={steps}"] if steps else []))
-        final = train(cfg)  # SIGTERM raises SystemExit(143): the stage is not marked done
+        final = train(self.config(name, overrides))  # SIGTERM raises SystemExit(143): the stage is not marked done
         return {"steps": final["num_steps"], "final_loss": final.get("loss")}
 
     def base_reading(self):
@@ -129,23 +141,14 @@ class Stages:
 
     def run_all(self, export: bool = True) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
-        world = str(self.out / "world")
         self.stage("world", self.world)
         self.stage("index", self.index)
         self.stage("practice_index", lambda: self.index("train/practice_passages.jsonl", "practice_index"))
-        self.stage("base", lambda: self.train("base", [f"model.tokenizer={world}/tokenizer",
-                                                       f"data.train_files=[{world}/pretrain.jsonl]"]))
-        self.stage("anneal", lambda: self.train("anneal", [f"model.init_from={self.out / 'base'}",
-                                                           f"data.train_files=[{world}/anneal.jsonl,{world}/relevance.jsonl,"
-                                                           f"{world}/pretrain.jsonl]"]))
-        self.stage("anneal2", lambda: self.train("anneal2", [f"model.init_from={self.out / 'anneal'}",
-                                                             f"data.train_files=[{world}/anneal.jsonl,"
-                                                             f"{world}/relevance_forms.jsonl,{world}/pretrain.jsonl]"]))
+        for name in ("base", "anneal", "anneal2"):
+            self.stage(name, lambda name=name: self.train(name))
         self.stage("base_reading", self.base_reading)
-        self.stage("critic", lambda: self.train("critic", [f"model.init_from={self.out / 'anneal2'}",
-                                                           f"data.train_files=[{world}/train/critic.jsonl]"]))
+        self.stage("critic", lambda: self.train("critic"))
         self.stage("annotate", self.annotate)
-        self.stage("generator", lambda: self.train("generator", [f"model.init_from={self.out / 'anneal2'}",
-                                                                 f"data.train_files=[{self.out / 'annotated.jsonl'}]"]))
+        self.stage("generator", lambda: self.train("generator"))
         if export:
             self.stage("export", self.export)
