@@ -64,7 +64,7 @@ def test_demo_fast_variant(tmp_path, capsys):
     rel = relevance_accuracy(tmp_path / "models" / "generator", work / "world", n=4, batch_size=3)
     assert rel["n"] == 4 and set(rel) == {"n", *RELEVANCE_FORMS}
     for form in RELEVANCE_FORMS:
-        assert all(0 <= rel[form][k] <= 1 for k in ("answered_own", "refused_own", "refused_lookalike"))
+        assert all(0 <= rel[form][k] <= 1 for k in ("answered_own", "refused_own", "refused_lookalike", "refused_lacking"))
 
 
 def test_pipeline_stage_configs_chain(tmp_path):

@@ -150,9 +150,11 @@ def test_hard_lookalike_reading_asks_what_both_passages_state():
     assert hard > 0.9 and hard > easy + 0.2, (hard, easy)
 
 
-def test_relevance_docs_refuse_exactly_when_the_passage_is_someone_elses(built):
+def test_relevance_docs_refuse_exactly_when_the_passage_does_not_answer(built):
     """Question first, one passage, then its answer or REFUSAL: a look-alike's passage states
-    the asked kind of fact too (when the look-alike has it), so only the name decides."""
+    the asked kind of fact too (when the look-alike has it), so only the name decides; in the
+    second anneal's set the person's own passage may also lack the asked fact (another of
+    their passages states it), so the passage must state what is asked."""
     import random
 
     from selfrag_jax.world.pretrain import relevance_doc
@@ -166,19 +168,25 @@ def test_relevance_docs_refuse_exactly_when_the_passage_is_someone_elses(built):
     assert all(r["text"].startswith("Question: ") for r in load(out, manifest["relevance"]))
     world = make_world(seed=3, n_people=400, n_ghosts=80)
     by_text = {passage_text(p.title, p.text): p for p in world.passages}
-    rng, refused, same_kind, people = random.Random(0), 0, 0, world.kb.train_people[:300]
-    for person in people:
-        question, passage, answer = relevance_doc(world, person, rng, "train").split("\n\n")
-        shown, answer = by_text[passage], answer.removeprefix("Answer: ")
-        asked = next(a for a, qs in QUESTIONS.items() if question in {"Question: " + q.format(name=person.name) for q in qs})
-        if answer == REFUSAL:
-            refused += 1
-            assert shown.entity_id != person.id
-            same_kind += asked in shown.facts
-        else:
-            assert shown.entity_id == person.id and answer == shown.facts[asked]
-    assert 0.4 < refused / len(people) < 0.6
-    assert same_kind / refused > 0.8
+    people = world.kb.train_people[:300]
+    for lacking_share in (0.0, 0.3):
+        rng, kinds = random.Random(0), collections.Counter()
+        for person in people:
+            question, passage, answer = relevance_doc(world, person, rng, "train", 0.4,
+                                                      lacking_share=lacking_share).split("\n\n")
+            shown, answer = by_text[passage], answer.removeprefix("Answer: ")
+            asked = next(a for a, qs in QUESTIONS.items() if question in {"Question: " + q.format(name=person.name) for q in qs})
+            if answer != REFUSAL:
+                assert shown.entity_id == person.id and answer == shown.facts[asked]
+                kinds["answer"] += 1
+            elif shown.entity_id != person.id:
+                kinds["lookalike"] += 1
+                kinds["same_kind"] += asked in shown.facts
+            else:  # their own passage, asked about a fact it lacks and another of theirs states
+                assert asked not in shown.facts and any(asked in p.facts for p in world.by_entity[person.id])
+                kinds["lacking"] += 1
+        assert 0.3 < kinds["lookalike"] / len(people) < 0.5 and kinds["same_kind"] / kinds["lookalike"] > 0.8, kinds
+        assert (kinds["lacking"] == 0) if not lacking_share else (0.12 < kinds["lacking"] / len(people) < 0.3), kinds
 
 
 def test_generator_outputs_parse_and_cover_every_class(built):

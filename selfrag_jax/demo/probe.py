@@ -88,9 +88,10 @@ def relevance_accuracy(model_dir: str | Path, world_dir: str | Path, n: int = 20
                        max_new_tokens: int = 12, forms: dict[str, str] = RELEVANCE_FORMS) -> dict:
     """Does the base model match the question's name to the passage's, question first (the
     order of the critic's and the generator's input)? Held-out factual questions, each once
-    with its gold passage and once with a look-alike's, in each of `forms`: {form:
-    {"answered_own": match rate with the gold passage, "refused_own", "refused_lookalike":
-    rates of REFUSAL}}."""
+    with its gold passage, once with a look-alike's and once with another passage of the
+    person's that lacks the asked fact (where they have one), in each of `forms`: {form:
+    {"answered_own": match rate with the gold passage, "refused_own", "refused_lookalike",
+    "refused_lacking": rates of REFUSAL}}."""
     import random
 
     from selfrag_jax.evaluation.metrics import match
@@ -103,11 +104,12 @@ def relevance_accuracy(model_dir: str | Path, world_dir: str | Path, n: int = 20
     world = world_of(WorldConfig(**{k: v for k, v in manifest["config"].items() if not isinstance(v, dict)}))
     with open(world_dir / "eval" / "world_qa.jsonl") as f:
         records = [json.loads(line) for _, line in zip(range(n), f)]
-    rng, shown = random.Random(0), []
+    rng, shown, lacking = random.Random(0), [], []
     for r in records:
         person = next(p for p in world.kb.people if p.id == r["meta"]["entity_ids"][0])
         gold = world.by_id[r["meta"]["gold_passage_ids"][0]]
         shown.append((r["question"], gold, lookalike_passage(world, person, rng, person.split)))
+        lacking.append((r["question"], world.passage_without(person, r["meta"]["attributes"][0])))
     model, out = _load(model_dir), {"n": len(records)}
     share = lambda hits: sum(hits) / max(len(records), 1)  # noqa: E731
     for name, form in forms.items():
@@ -115,9 +117,14 @@ def relevance_accuracy(model_dir: str | Path, world_dir: str | Path, n: int = 20
                             batch_size, max_new_tokens)
         other = _greedy_lines(model, [form.format(q=q, p=T.passage_text(a.title, a.text)) for q, _, a in shown],
                               batch_size, max_new_tokens)
+        asked = [(q, p) for q, p in lacking if p is not None]
+        lacks = _greedy_lines(model, [form.format(q=q, p=T.passage_text(p.title, p.text)) for q, p in asked],
+                              batch_size, max_new_tokens)
         out[name] = {"answered_own": share(match(t, r["answers"]) for t, r in zip(own, records)),
                      "refused_own": share(t == REFUSAL for t in own),
-                     "refused_lookalike": share(t == REFUSAL for t in other), "lookalike_examples": other[:3]}
+                     "refused_lookalike": share(t == REFUSAL for t in other),
+                     "refused_lacking": sum(t == REFUSAL for t in lacks) / max(len(asked), 1),
+                     "lookalike_examples": other[:3]}
     return out
 
 

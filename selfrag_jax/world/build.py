@@ -19,7 +19,7 @@ from .critic_data import INSTRUCTIONS, make_critic_records
 from .generator_data import GeneratorConfig, make_generator_example
 from .kb import KnowledgeBase
 from .passages import write_jsonl
-from .pretrain import RELEVANCE_FORMS, PretrainConfig, anneal_texts, pretrain_texts, relevance_texts
+from .pretrain import PretrainConfig, anneal_texts, pretrain_texts, relevance_texts
 from .tasks import QUESTIONS, REFUSAL, Task, TaskMaker
 from .tokenizer import train_tokenizer
 
@@ -170,7 +170,7 @@ def write_training_data(world: World, cfg: WorldConfig, out_dir: str, put) -> di
     put("pretrain.jsonl", ({"text": t} for t in pretrain))
     put("anneal.jsonl", ({"text": t} for t in anneal_texts(world, cfg.seed, cfg.pretrain)))
     put("relevance.jsonl", ({"text": t} for t in relevance_texts(world, cfg.seed, cfg.pretrain)))
-    put("relevance_forms.jsonl", ({"text": t} for t in relevance_texts(world, cfg.seed, cfg.pretrain, RELEVANCE_FORMS)))
+    put("relevance_forms.jsonl", ({"text": t} for t in relevance_texts(world, cfg.seed, cfg.pretrain, all_forms=True)))
 
     # The tokenizer sees training text only: held-out names stay unseen by every trained part.
     tok_texts = pretrain + [f"{t.instruction}\n{t.answer}" for t in raw] + list(INSTRUCTIONS.values())

@@ -44,6 +44,12 @@ class PretrainConfig:
     # the instruction-first order (assets/default/README.md).
     n_relevance: int = 30000
     relevance_lookalike_share: float = 0.5
+    # The second anneal's relevance documents (`relevance_forms.jsonl`, four surface forms)
+    # can also ask about facts the person's shown passage does not state (REFUSAL): with only
+    # look-alikes the v5 generator answered such passages with an invented value and rated it
+    # [Fully supported], beating the gold passage's answer.
+    relevance_forms_lookalike_share: float = 0.5
+    relevance_forms_lacking_share: float = 0.0  # of all documents; people with one passage have no lacking case (~12% in all)
 
 
 def qa_text(q: str, a: str) -> str:
@@ -91,10 +97,12 @@ RELEVANCE_FORMS = (
 
 
 def relevance_doc(world: World, person, rng: random.Random, split: str, lookalike_share: float = 0.5,
-                  forms: tuple[str, ...] = RELEVANCE_FORMS[:1]) -> str:
+                  forms: tuple[str, ...] = RELEVANCE_FORMS[:1], lacking_share: float = 0.0) -> str:
     """The question about one fact of the person's, then their passage that states it and the
     answer, or (`lookalike_share` of the time) a look-alike's passage stating the same kind of
-    fact and REFUSAL: only the name tells them apart. One of `forms`, at random."""
+    fact and REFUSAL: only the name tells them apart; or (`lacking_share`) the person's own
+    passage asked about a fact another of their passages states, and REFUSAL: the right name
+    is not enough, the passage must state what is asked. One of `forms`, at random."""
     own = rng.choice(world.by_entity[person.id])
     attr = rng.choice(sorted(own.facts))
     shown, answer = own, own.facts[attr]
@@ -102,6 +110,10 @@ def relevance_doc(world: World, person, rng: random.Random, split: str, lookalik
         other = lookalike_passage(world, person, rng, split)
         stating = [p for p in world.by_entity[other.entity_id] if attr in p.facts]
         shown, answer = (rng.choice(stating) if stating else other), REFUSAL
+    elif lacking_share and rng.random() < lacking_share / (1 - lookalike_share):
+        missing = sorted(set().union(*(p.facts for p in world.by_entity[person.id])) - set(own.facts))
+        if missing:  # no draw is taken from rng when lacking_share is 0: relevance.jsonl stays as it was
+            attr, answer = rng.choice(missing), REFUSAL
     q = rng.choice(QUESTIONS[attr]).format(name=person.name)
     form = forms[0] if len(forms) == 1 else rng.choice(forms)
     return form.format(q=q, p=passage_text(shown.title, shown.text), a=answer)
@@ -151,10 +163,15 @@ def anneal_texts(world: World, seed: int, cfg: PretrainConfig) -> list[str]:
                        lambda w, p, rng: reading_doc(w, p, rng, p.split, cfg.questions_per_reading, hard=True))
 
 
-def relevance_texts(world: World, seed: int, cfg: PretrainConfig, forms: tuple[str, ...] = RELEVANCE_FORMS[:1]) -> list[str]:
-    """The relevance documents: fresh people of their own knowledge base."""
+def relevance_texts(world: World, seed: int, cfg: PretrainConfig, all_forms: bool = False) -> list[str]:
+    """The relevance documents: fresh people of their own knowledge base. `all_forms`: the
+    second anneal's set (relevance_forms.jsonl), four forms, look-alike and lacking shares."""
+    if all_forms:
+        forms, lookalike, lacking = RELEVANCE_FORMS, cfg.relevance_forms_lookalike_share, cfg.relevance_forms_lacking_share
+    else:
+        forms, lookalike, lacking = RELEVANCE_FORMS[:1], cfg.relevance_lookalike_share, 0.0
     return _fresh_docs(world, seed + 7_000_003, random.Random(seed * 7 + 17), cfg.n_relevance,
-                       lambda w, p, rng: relevance_doc(w, p, rng, p.split, cfg.relevance_lookalike_share, forms))
+                       lambda w, p, rng: relevance_doc(w, p, rng, p.split, lookalike, forms, lacking))
 
 
 def _fresh_docs(world: World, kb_seed: int, rng: random.Random, n: int, doc) -> list[str]:
