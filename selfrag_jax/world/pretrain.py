@@ -47,8 +47,8 @@ class PretrainConfig:
     # The second anneal's relevance documents (`relevance_forms.jsonl`, four surface forms)
     # can also ask about facts the person's shown passage does not state (REFUSAL). At 0.4 / 0.2
     # the base says "I don't know." to 98% of held-out lacking passages (v5's base: 36%), but
-    # the one generator fine-tuned from it lost IsRel (world_qa 0.633 against 0.807 from the
-    # v5 base with the same critic recipe), so the shipped models keep 0.5 / 0.0.
+    # generators fine-tuned from it lost IsRel (world_qa 0.633 and 0.673, against 0.807 and
+    # 0.873 from the v5 base with the same critics), so the shipped models keep 0.5 / 0.0.
     relevance_forms_lookalike_share: float = 0.5
     relevance_forms_lacking_share: float = 0.0  # of all documents; people with one passage have no lacking case (~12% in all)
 
