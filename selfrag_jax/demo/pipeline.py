@@ -39,8 +39,6 @@ class Stages:
     out: Path
     budget: str = "full"
     encoder: str | None = None  # HF BERT folder for the index (default: the bundled MiniLM)
-    # annotate --irrelevant-share; at 0.3 the generator's IsRel blurred (world_qa 0.537 vs 0.633 at 0)
-    irrelevant_share: float = 0.0
     log: object = print
 
     def done(self, name: str) -> bool:
@@ -118,8 +116,7 @@ class Stages:
         critic, out, reports = Critic(params, config, tok), [], {}
         for raw, index in (("raw.jsonl", "index"), ("practice_raw.jsonl", "practice_index")):
             records = read_pairs(str(self.out / "world" / "train" / raw))
-            annotated, reports[raw] = annotate(records, critic, Retriever.from_dir(self.out / index),
-                                               irrelevant_share=self.irrelevant_share)
+            annotated, reports[raw] = annotate(records, critic, Retriever.from_dir(self.out / index))
             out += annotated
         tmp = self.out / "annotated.jsonl.tmp"
         with open(tmp, "w") as f:

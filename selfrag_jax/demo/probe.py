@@ -104,27 +104,27 @@ def relevance_accuracy(model_dir: str | Path, world_dir: str | Path, n: int = 20
     world = world_of(WorldConfig(**{k: v for k, v in manifest["config"].items() if not isinstance(v, dict)}))
     with open(world_dir / "eval" / "world_qa.jsonl") as f:
         records = [json.loads(line) for _, line in zip(range(n), f)]
-    rng, shown, lacking = random.Random(0), [], []
+    rng, own, other, lacking = random.Random(0), [], [], []
     for r in records:
         person = next(p for p in world.kb.people if p.id == r["meta"]["entity_ids"][0])
-        gold = world.by_id[r["meta"]["gold_passage_ids"][0]]
-        shown.append((r["question"], gold, lookalike_passage(world, person, rng, person.split)))
-        lacking.append((r["question"], world.passage_without(person, r["meta"]["attributes"][0])))
+        own.append((r["question"], world.by_id[r["meta"]["gold_passage_ids"][0]]))
+        other.append((r["question"], lookalike_passage(world, person, rng, person.split)))
+        missing = world.passage_without(person, r["meta"]["attributes"][0])
+        if missing is not None:  # one-passage people have no lacking case
+            lacking.append((r["question"], missing))
     model, out = _load(model_dir), {"n": len(records)}
-    share = lambda hits: sum(hits) / max(len(records), 1)  # noqa: E731
+    rate = lambda hits, of: sum(hits) / max(len(of), 1)  # noqa: E731
     for name, form in forms.items():
-        own = _greedy_lines(model, [form.format(q=q, p=T.passage_text(g.title, g.text)) for q, g, _ in shown],
-                            batch_size, max_new_tokens)
-        other = _greedy_lines(model, [form.format(q=q, p=T.passage_text(a.title, a.text)) for q, _, a in shown],
+        # all three sets in one generation call: one compiled shape, fewer dispatches
+        texts = _greedy_lines(model, [form.format(q=q, p=T.passage_text(p.title, p.text)) for q, p in own + other + lacking],
                               batch_size, max_new_tokens)
-        asked = [(q, p) for q, p in lacking if p is not None]
-        lacks = _greedy_lines(model, [form.format(q=q, p=T.passage_text(p.title, p.text)) for q, p in asked],
-                              batch_size, max_new_tokens)
-        out[name] = {"answered_own": share(match(t, r["answers"]) for t, r in zip(own, records)),
-                     "refused_own": share(t == REFUSAL for t in own),
-                     "refused_lookalike": share(t == REFUSAL for t in other),
-                     "refused_lacking": sum(t == REFUSAL for t in lacks) / max(len(asked), 1),
-                     "lookalike_examples": other[:3]}
+        a, b = len(own), len(own) + len(other)
+        said_own, said_other, said_lacking = texts[:a], texts[a:b], texts[b:]
+        out[name] = {"answered_own": rate((match(t, r["answers"]) for t, r in zip(said_own, records)), records),
+                     "refused_own": rate((t == REFUSAL for t in said_own), records),
+                     "refused_lookalike": rate((t == REFUSAL for t in said_other), records),
+                     "refused_lacking": rate((t == REFUSAL for t in said_lacking), lacking),
+                     "lookalike_examples": said_other[:3]}
     return out
 
 
