@@ -105,7 +105,7 @@ def evaluate_models(models: Path, world: Path, index: Path, out: Path, limit: in
                                              if hard else None, "n": len(hard)} for s in ("selfrag", "always_top1")}
             report["gold_passage"] = gold_passage_reading(engine, tok, replace(options["always_top1"], task=task),
                                                           world, items, gold, batch_size, out)
-    report["critic_agreement"] = critic_agreement(models / "critic", per_type=max(limit // 5, 10) if limit else 300)
+    report["critic_agreement"] = critic_agreement(models / "critic", *([max(limit // 5, 10)] if limit else []))
     report["trace"] = trace
     return report
 
