@@ -84,8 +84,8 @@ def test_pipeline_stage_configs_chain(tmp_path):
     assert cfgs["generator"].data.train_files == [str(tmp_path / "annotated.jsonl")]
     assert cfgs["anneal2"].data.train_files[1] == str(tmp_path / "world" / "relevance_forms.jsonl")
     assert cfgs["critic"].num_steps == 100  # the reduced budget
-    assert (cfgs["base"].optim.schedule, cfgs["base"].num_steps) == ("constant", 2200)  # the anneals decay it
     full = Stages(tmp_path, budget="full").config("base")  # the configs as they are: the shipped models
-    assert (full.optim.schedule, full.num_steps) == ("cosine", 3500)
+    assert (full.optim.schedule, full.num_steps, full.optim.schedule_steps) == ("cosine", 3500, 0)
+    assert cfgs["base"].num_steps == 2000 and cfgs["base"].optim.schedule_steps == full.num_steps  # a prefix of it
     assert stages.config("base", ["num_steps=7"]).num_steps == 7  # a caller's override wins over the budget
     assert stages.config("critic", ["optim.learning_rate=3e-4"]).optim.learning_rate == 3e-4

@@ -168,6 +168,21 @@ def test_sigterm_saves_and_exits_cleanly(tmp_path):
     assert max(_losses_by_step(run)) == last
 
 
+def test_schedule_steps_runs_a_prefix_of_the_longer_schedule():
+    """A run of 40 steps with schedule_steps=100 follows the 100-step run's rates and stops."""
+    from selfrag_jax.training.trainer import make_schedule
+
+    for kind in ("cosine", "linear", "constant"):
+        opts = ["optim.learning_rate=1e-3", "optim.warmup_ratio=0.1", f"optim.schedule={kind}"]
+        full = make_schedule(load_config(None, opts), 100)
+        prefix = make_schedule(load_config(None, opts + ["optim.schedule_steps=100"]), 40)
+        np.testing.assert_allclose([prefix(t) for t in range(40)], [full(t) for t in range(40)])
+    cosine = ["optim.learning_rate=1e-3", "optim.schedule=cosine"]
+    assert make_schedule(load_config(None, cosine), 40)(39) < 0.01 * make_schedule(load_config(None, cosine), 100)(39)
+    with pytest.raises(ValueError, match="schedule_steps=-1 must not be negative"):
+        load_config(None, ["optim.schedule_steps=-1"])
+
+
 def test_config_errors_name_the_key(tmp_path):
     with pytest.raises(ValueError, match="unknown key 'learning_rate'"):
         load_config(None, ["learning_rate=1"])

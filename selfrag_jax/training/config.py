@@ -48,6 +48,10 @@ class OptimSection:
     schedule: str = "linear"  # linear | cosine | constant
     warmup_ratio: float = 0.03
     end_lr_ratio: float = 0.0
+    # The schedule's length in steps (0: num_steps). Longer than num_steps, the run stops
+    # partway along it: a prefix of a longer run, its rate not yet decayed (MaxText's
+    # learning_rate_schedule_steps).
+    schedule_steps: int = 0
     weight_decay: float = 0.0
     b1: float = 0.9
     b2: float = 0.999
@@ -90,6 +94,8 @@ class TrainConfig:
             raise ValueError(f"loss_averaging={self.loss_averaging!r} must be per_sequence or per_token")
         if self.optim.schedule not in ("linear", "cosine", "constant"):
             raise ValueError(f"optim.schedule={self.optim.schedule!r} must be linear, cosine or constant")
+        if self.optim.schedule_steps < 0:
+            raise ValueError(f"optim.schedule_steps={self.optim.schedule_steps} must not be negative")
         if self.micro_batch_size and self.global_batch_size % self.micro_batch_size:
             raise ValueError(f"global_batch_size={self.global_batch_size} is not a multiple of "
                              f"micro_batch_size={self.micro_batch_size}")

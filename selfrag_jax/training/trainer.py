@@ -67,6 +67,7 @@ class TrainState(struct.PyTreeNode):
 # --------------------------------------------------------------------------------------
 def make_schedule(cfg: TrainConfig, num_steps: int) -> optax.Schedule:
     o = cfg.optim
+    num_steps = o.schedule_steps or num_steps
     warmup = int(round(o.warmup_ratio * num_steps))
     end = o.learning_rate * o.end_lr_ratio
     if o.schedule == "constant":
