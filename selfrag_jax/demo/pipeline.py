@@ -23,19 +23,20 @@ from pathlib import Path
 CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "default"
 ASSETS = Path(__file__).resolve().parents[1] / "assets" / "default"
 
-# Budgets: config overrides per stage. "full" is what the shipped models were trained with
-# (the configs as they are); "reduced" is the `demo --retrain` budget, aimed at 45 minutes on
-# 2 cores (49 measured with these settings, world_qa 0.17: assets/default/README.md). The
-# reduced base is the first 2,000 steps of the full base's run, its 3,500-step schedule
-# included (optim.schedule_steps), so its rate has not decayed when reading arrives, a phase
-# change late in pretraining (the full run read held-out passages from step ~1,100-1,200). A
-# 1,500-step cosine schedule decayed first (0.03 with the gold passage at its end). A
-# constant rate was slower and varied from run to run: 0.15 at step 1,600 and 0.56 at 2,200
-# in one run, 0.12 after its anneals from 2,200 in another. The generator gets 240 steps: at
-# 120, from a base that read 0.62, its reading ceiling (gold passage only) was 0.20.
+# Budgets: config overrides per stage (`{config_steps}`: the stage config's own num_steps).
+# "full" is what the shipped models were trained with (the configs as they are); "reduced" is
+# the `demo --retrain` budget, aimed at 45 minutes on 2 cores (49 measured with these
+# settings, world_qa 0.17: assets/default/README.md). The reduced base is the first 2,000
+# steps of the full base's run, its 3,500-step schedule included (optim.schedule_steps), so
+# its rate has not decayed when reading arrives, a phase change late in pretraining (the full
+# run read held-out passages from step ~1,100-1,200). A 1,500-step cosine schedule decayed
+# first (0.03 with the gold passage at its end). A constant rate was slower and varied from
+# run to run: 0.15 at step 1,600 and 0.56 at 2,200 in one run, 0.12 after its anneals from
+# 2,200 in another. The generator gets 240 steps: at 120, from a base that read 0.62, its
+# reading ceiling (gold passage only) was 0.20.
 BUDGETS = {
     "full": {},
-    "reduced": {"base": ["num_steps=2000", "optim.schedule_steps=3500"], "anneal": ["num_steps=200"],
+    "reduced": {"base": ["num_steps=2000", "optim.schedule_steps={config_steps}"], "anneal": ["num_steps=200"],
                 "anneal2": ["num_steps=100"], "critic": ["num_steps=100"], "generator": ["num_steps=240"]},
 }
 
@@ -91,7 +92,8 @@ class Stages:
         raw = yaml.safe_load((CONFIGS / f"{name}.yaml").read_text())
         paths = [f"run_dir={local(raw['run_dir'])}", f"data.train_files=[{','.join(map(local, raw['data']['train_files']))}]"]
         paths += [f"model.{k}={local(raw['model'][k])}" for k in ("init_from", "tokenizer") if raw["model"].get(k)]
-        return load_config(CONFIGS / f"{name}.yaml", paths + BUDGETS[self.budget].get(name, []) + list(overrides))
+        budget = [o.format(config_steps=raw.get("num_steps", 0)) for o in BUDGETS[self.budget].get(name, [])]
+        return load_config(CONFIGS / f"{name}.yaml", paths + budget + list(overrides))
 
     def train(self, name: str, overrides: list[str] = ()):
         from selfrag_jax.training.main import train
