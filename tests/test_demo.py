@@ -83,9 +83,10 @@ def test_pipeline_stage_configs_chain(tmp_path):
     assert {n: cfgs[n].model.init_from for n in chain} == {n: str(tmp_path / b) for n, b in chain.items()}
     assert cfgs["generator"].data.train_files == [str(tmp_path / "annotated.jsonl")]
     assert cfgs["anneal2"].data.train_files[1] == str(tmp_path / "world" / "relevance_forms.jsonl")
-    assert cfgs["critic"].num_steps == 100  # the reduced budget
+    assert cfgs["critic"].num_steps == 150  # the reduced budget
     full = Stages(tmp_path, budget="full").config("base")  # the configs as they are: the shipped models
     assert (full.optim.schedule, full.num_steps, full.optim.schedule_steps) == ("cosine", 3500, 0)
-    assert cfgs["base"].num_steps == 2000 and cfgs["base"].optim.schedule_steps == full.num_steps  # a prefix of it
+    assert cfgs["base"].num_steps == 1400 and cfgs["base"].optim.schedule_steps == full.num_steps  # a prefix of it
+    assert (full.optim.b2, cfgs["base"].optim.b2) == (0.999, 0.95)  # only the reduced base changes Adam's b2
     assert stages.config("base", ["num_steps=7"]).num_steps == 7  # a caller's override wins over the budget
     assert stages.config("critic", ["optim.learning_rate=3e-4"]).optim.learning_rate == 3e-4
