@@ -90,3 +90,16 @@ def test_pipeline_stage_configs_chain(tmp_path):
     assert (full.optim.b2, cfgs["base"].optim.b2) == (0.999, 0.95)  # only the reduced base changes Adam's b2
     assert stages.config("base", ["num_steps=7"]).num_steps == 7  # a caller's override wins over the budget
     assert stages.config("critic", ["optim.learning_rate=3e-4"]).optim.learning_rate == 3e-4
+
+
+def test_pipeline_budget_placeholder(tmp_path, monkeypatch):
+    """`{config_steps}` is the stage YAML's num_steps; a stage counted in epochs has none, which
+    is an error, and other braces (a YAML mapping) pass through untouched."""
+    from selfrag_jax.demo import pipeline
+
+    monkeypatch.setitem(pipeline.BUDGETS, "t", {"critic": ["optim.schedule_steps={config_steps}"],
+                                                 "base": ["data.mixture_rates={a: 2}"]})
+    stages = pipeline.Stages(tmp_path, budget="t")
+    assert stages.config("base").data.mixture_rates == {"a": 2}
+    with pytest.raises(ValueError, match=r"critic\.yaml: no num_steps for the t budget's \{config_steps\}"):
+        stages.config("critic")

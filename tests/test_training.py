@@ -179,6 +179,8 @@ def test_schedule_steps_runs_a_prefix_of_the_longer_schedule():
         np.testing.assert_allclose([prefix(t) for t in range(40)], [full(t) for t in range(40)])
     cosine = ["optim.learning_rate=1e-3", "optim.schedule=cosine"]
     assert make_schedule(load_config(None, cosine), 40)(39) < 0.01 * make_schedule(load_config(None, cosine), 100)(39)
+    with pytest.raises(ValueError, match=r"schedule_steps=30 is shorter than the run \(40 steps\)"):
+        make_schedule(load_config(None, ["optim.schedule_steps=30"]), 40)
     with pytest.raises(ValueError, match="schedule_steps=-1 must not be negative"):
         load_config(None, ["optim.schedule_steps=-1"])
 

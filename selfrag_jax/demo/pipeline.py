@@ -25,16 +25,11 @@ ASSETS = Path(__file__).resolve().parents[1] / "assets" / "default"
 
 # Budgets: config overrides per stage (`{config_steps}`: the stage config's own num_steps).
 # "full" is what the shipped models were trained with (the configs as they are); "reduced" is
-# the `demo --retrain` budget, aimed at 45 minutes on 2 cores (47.9 measured with these
-# settings, world_qa Self-RAG 0.207, always-top-1 0.443: assets/default/README.md). The
-# reduced base is the first 1,400 steps of the full base's 3,500-step schedule
-# (optim.schedule_steps: its rate has not decayed when reading arrives, a phase change) with
-# Adam's b2 at 0.95, as Llama and MaxText pretrain, instead of 0.999: held-out reading with the
-# gold passage was 0.03 / 0.145 / 0.455 at steps 800 / 1,000 / 1,200, where b2 = 0.999 (at a
-# constant 3e-3, near this schedule's rate there) read 0.05 at 1,200 and 0.32 at 2,000: the
-# phase change came ~800 steps sooner. A 1,500-step cosine schedule decayed before it (0.03
-# at its end). The generator gets 240 steps: at 120, from a base that read 0.62, its reading
-# ceiling (gold passage only) was 0.20.
+# the `demo --retrain` budget, aimed at 45 minutes on 2 cores. The reduced base runs the first
+# steps of the full base's schedule (optim.schedule_steps), so its rate has not decayed when
+# reading arrives as a phase change, with Adam's b2 at 0.95 (as Llama and MaxText pretrain),
+# which brought that change ~800 steps sooner than 0.999. The numbers behind each choice and
+# the measured runs: assets/default/README.md.
 BUDGETS = {
     "full": {},
     "reduced": {"base": ["num_steps=1400", "optim.schedule_steps={config_steps}", "optim.b2=0.95"],
@@ -91,10 +86,17 @@ class Stages:
         def local(path: str) -> str:
             return path.replace("WORLD", str(self.out / "world")).replace("runs/default", str(self.out))
 
+        def fill(override: str) -> str:
+            if "{config_steps}" not in override:
+                return override
+            if "num_steps" not in raw:
+                raise ValueError(f"{CONFIGS / name}.yaml: no num_steps for the {self.budget} budget's {{config_steps}}")
+            return override.replace("{config_steps}", str(raw["num_steps"]))
+
         raw = yaml.safe_load((CONFIGS / f"{name}.yaml").read_text())
         paths = [f"run_dir={local(raw['run_dir'])}", f"data.train_files=[{','.join(map(local, raw['data']['train_files']))}]"]
         paths += [f"model.{k}={local(raw['model'][k])}" for k in ("init_from", "tokenizer") if raw["model"].get(k)]
-        budget = [o.format(config_steps=raw.get("num_steps", 0)) for o in BUDGETS[self.budget].get(name, [])]
+        budget = [fill(o) for o in BUDGETS[self.budget].get(name, [])]
         return load_config(CONFIGS / f"{name}.yaml", paths + budget + list(overrides))
 
     def train(self, name: str, overrides: list[str] = ()):

@@ -67,6 +67,8 @@ class TrainState(struct.PyTreeNode):
 # --------------------------------------------------------------------------------------
 def make_schedule(cfg: TrainConfig, num_steps: int) -> optax.Schedule:
     o = cfg.optim
+    if o.schedule_steps and o.schedule_steps < num_steps:
+        raise ValueError(f"optim.schedule_steps={o.schedule_steps} is shorter than the run ({num_steps} steps)")
     num_steps = o.schedule_steps or num_steps
     warmup = int(round(o.warmup_ratio * num_steps))
     end = o.learning_rate * o.end_lr_ratio
