@@ -89,3 +89,27 @@ def test_rules_from_yaml_lists():
     assert rules == (("embed", ("data", "fsdp")), ("mlp", None))
     with pytest.raises(ValueError, match="mesh axis 'model'"):
         sharding.rules_from_config([["mlp", "model"]])
+
+
+def test_split_host_cpu_sets_the_device_count_only_before_jax_starts(monkeypatch):
+    import os
+    import subprocess
+    import sys
+
+    from jax._src import xla_bridge
+
+    from selfrag_jax import distributed
+
+    monkeypatch.setattr(xla_bridge, "backends_are_initialized", lambda: False)
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=false")
+    assert distributed.split_host_cpu(2)
+    assert os.environ["XLA_FLAGS"] == "--xla_cpu_enable_fast_math=false --xla_force_host_platform_device_count=2"
+    assert not distributed.split_host_cpu(3)  # a count already in XLA_FLAGS decides
+    monkeypatch.delenv("XLA_FLAGS")
+    monkeypatch.setattr(xla_bridge, "backends_are_initialized", lambda: True)
+    assert not distributed.split_host_cpu(2) and "XLA_FLAGS" not in os.environ  # too late: left alone
+    # end to end in a fresh process: the CPU platform comes up with two devices
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | {"JAX_PLATFORMS": "cpu"}
+    code = "from selfrag_jax.distributed import split_host_cpu; split_host_cpu(); import jax; print(jax.device_count())"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "2"

@@ -18,6 +18,9 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from selfrag_jax.distributed import split_host_cpu
+
+    split_host_cpu()  # before any JAX work: the configs' data-parallel mesh then uses both cores
     if args._name == "train-default":
         from pathlib import Path
 
