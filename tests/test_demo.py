@@ -103,3 +103,37 @@ def test_pipeline_budget_placeholder(tmp_path, monkeypatch):
     assert stages.config("base").data.mixture_rates == {"a": 2}
     with pytest.raises(ValueError, match=r"critic\.yaml: no num_steps for the t budget's \{config_steps\}"):
         stages.config("critic")
+
+
+@pytest.mark.slow
+def test_demo_retrain_evaluates_the_shipped_models_in_a_second_process(tmp_path, monkeypatch):
+    """`--retrain` evaluates the shipped models in a child process while the pipeline trains.
+    With the pipeline stubbed to "retrain" the very same models, the child's numbers must
+    equal the parent's own evaluation of them."""
+    import shutil
+
+    from helpers import build_test_world
+
+    from selfrag_jax.demo.pipeline import Stages
+    from selfrag_jax.models.config import preset
+    from selfrag_jax.models.hf import export_hf
+    from selfrag_jax.models.llama import init_params
+    from selfrag_jax.tokenizer import SelfRAGTokenizer
+
+    work, models = tmp_path / "work", tmp_path / "models"
+    build_test_world(work / "world")
+    (work / "world.done").write_text("{}")
+    tok = SelfRAGTokenizer.from_pretrained(work / "world" / "tokenizer")
+    tok.save(tmp_path / "tok")
+    config = preset("tiny", vocab_size=len(tok), eos_token_id=tok.eos_id, bos_token_id=tok.bos_id)
+    for seed, name in enumerate(("generator", "critic")):
+        export_hf(init_params(config, seed), config, models / name, tokenizer_dir=tmp_path / "tok")
+    monkeypatch.setattr(Stages, "run_all", lambda self, export=True: None)
+    monkeypatch.setattr(Stages, "export", lambda self, dest: {"dest": str(shutil.copytree(models, dest))})
+    encoder = make_tiny_bert(tmp_path / "bert")
+    assert main(["demo", "--retrain", "--workdir", str(work), "--models", str(models), "--encoder", str(encoder),
+                 "--limit", "3", "--batch-size", "3"]) == 0
+    report = json.loads((work / "report.json").read_text())
+    assert (work / "shipped" / "report.json").exists() and (work / "retrain" / "models" / "generator").is_dir()
+    assert report["retrained"]["tasks"] == report["tasks"] and set(report["tasks"]) == set(TASKS)
+    assert report["retrained"]["critic_agreement"] == report["critic_agreement"]

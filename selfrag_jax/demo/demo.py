@@ -110,6 +110,19 @@ def evaluate_models(models: Path, world: Path, index: Path, out: Path, limit: in
     return report
 
 
+def evaluate_to_file(path: Path, *args) -> None:
+    """`evaluate_models(*args)` in a process of its own (`demo --retrain`), quietly, its report
+    written whole to `path`."""
+    import os
+
+    from selfrag_jax.utils import atomic_file
+
+    os.environ["SELFRAG_NO_PROGRESS"] = "1"  # the training's bars own the terminal
+    report = evaluate_models(*args)
+    with atomic_file(path) as f:
+        json.dump(report, f)
+
+
 def gold_passage_reading(engine, tok, opts, world: Path, items: list, gold: list[set[str]], batch_size: int,
                          out: Path) -> dict[str, Any]:
     """The generator's reading ceiling: each factual question with one of its gold passages
@@ -225,12 +238,30 @@ def run_demo(args: argparse.Namespace) -> int:
     stages.stage("world", lambda: stages.world(training=False))  # evaluation reads passages and eval sets only
     stages.stage("index", stages.index)
     runs = {"shipped": models}
-    if args.retrain:
-        retrain = Stages(work / "retrain", budget="reduced", encoder=args.encoder)
-        retrain.run_all(export=False)
-        retrain.stage("export", lambda: retrain.export(work / "retrain" / "models"))
-        runs["retrained"] = work / "retrain" / "models"
     reports = {}
+    if args.retrain:
+        # The shipped models' evaluation needs nothing from the retraining: a second process
+        # runs it meanwhile, on the cores one training process leaves idle.
+        import multiprocessing
+
+        shipped = work / "shipped" / "report.json"
+        shipped.unlink(missing_ok=True)
+        child = multiprocessing.get_context("spawn").Process(target=evaluate_to_file, args=(
+            shipped, models, work / "world", work / "index", work / "shipped", args.limit, args.batch_size))
+        child.start()
+        try:
+            retrain = Stages(work / "retrain", budget="reduced", encoder=args.encoder)
+            retrain.run_all(export=False)
+            retrain.stage("export", lambda: retrain.export(work / "retrain" / "models"))
+        except BaseException:
+            child.terminate()
+            raise
+        child.join()
+        if child.exitcode != 0:
+            raise CLIError(f"evaluating the shipped models (a second process) failed with exit code {child.exitcode}; "
+                           "its error is above")
+        reports["shipped"] = json.loads(shipped.read_text())
+        runs = {"retrained": work / "retrain" / "models"}
     for name, folder in runs.items():
         reports[name] = evaluate_models(folder, work / "world", work / "index", work / name, args.limit, args.batch_size)
     report = dict(reports["shipped"])
