@@ -15,6 +15,12 @@ import tempfile
 from pathlib import Path
 from typing import Iterator
 
+# tempfile creates 0600 files and 0700 folders; a finished output gets the usual
+# permissions instead (what open() / mkdir() give under the process's umask), so that
+# others on a shared file system (a pod's workers, a team) can read it.
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
 
 @contextlib.contextmanager
 def atomic_dir(out_dir: str | os.PathLike, overwrite: bool = True) -> Iterator[Path]:
@@ -22,6 +28,7 @@ def atomic_dir(out_dir: str | os.PathLike, overwrite: bool = True) -> Iterator[P
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    os.chmod(tmp, 0o777 & ~_UMASK)
     try:
         yield tmp
     except BaseException:
@@ -46,6 +53,7 @@ def atomic_file(path: str | os.PathLike, mode: str = "w", **kwargs):
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
     os.close(fd)
+    os.chmod(tmp, 0o666 & ~_UMASK)
     try:
         with open(tmp, mode, **kwargs) as handle:
             yield handle
