@@ -33,7 +33,7 @@ def measure(steps: int, small: bool) -> dict:
     from selfrag_jax.models.llama import Llama
     from selfrag_jax.training.config import load_config
     from selfrag_jax.training.synthetic import SyntheticData
-    from selfrag_jax.training.trainer import Trainer, make_optimizer, make_schedule, make_train_step
+    from selfrag_jax.training.trainer import Trainer, make_optimizer, make_schedule
 
     # configs/default/base.yaml's model on the bundled world's vocabulary size
     config = preset("tiny", vocab_size=3016, hidden_size=128, intermediate_size=384, num_layers=4, num_heads=4,
@@ -44,9 +44,7 @@ def measure(steps: int, small: bool) -> dict:
     trainer = Trainer(cfg, config)
     tx = make_optimizer(cfg, 1000)
     state = trainer.create_state(tx)
-    step = jax.jit(make_train_step(cfg, config, tx, make_schedule(cfg, 1000), trainer.rules),
-                   in_shardings=(trainer.state_shardings, trainer.batch_sharding),
-                   out_shardings=(trainer.state_shardings, None), donate_argnums=(0,))
+    step = trainer.jit_train_step(tx, make_schedule(cfg, 1000), trainer.state_shardings)  # what `fit` runs
     data = SyntheticData(config.vocab_size, seq, batch)
     times = []
     with jax.set_mesh(trainer.mesh):

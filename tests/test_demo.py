@@ -13,23 +13,30 @@ from selfrag_jax.cli import main
 from selfrag_jax.demo.demo import SETTINGS, TASKS
 
 
-@pytest.mark.slow
-def test_demo_fast_variant(tmp_path, capsys):
+def demo_inputs(tmp_path):
+    """A test world (its world stage marked done), random tiny generator and critic in
+    `tmp_path/models`, a tiny random encoder: (work folder, models folder, encoder folder)."""
+    from helpers import build_test_world
+
     from selfrag_jax.models.config import preset
     from selfrag_jax.models.hf import export_hf
     from selfrag_jax.models.llama import init_params
     from selfrag_jax.tokenizer import SelfRAGTokenizer
-    from helpers import build_test_world
 
-    work = tmp_path / "work"
+    work, models = tmp_path / "work", tmp_path / "models"
     build_test_world(work / "world")
     (work / "world.done").write_text("{}")
     tok = SelfRAGTokenizer.from_pretrained(work / "world" / "tokenizer")
     tok.save(tmp_path / "tok")
     config = preset("tiny", vocab_size=len(tok), eos_token_id=tok.eos_id, bos_token_id=tok.bos_id)
     for seed, name in enumerate(("generator", "critic")):
-        export_hf(init_params(config, seed), config, tmp_path / "models" / name, tokenizer_dir=tmp_path / "tok")
-    encoder = make_tiny_bert(tmp_path / "bert")
+        export_hf(init_params(config, seed), config, models / name, tokenizer_dir=tmp_path / "tok")
+    return work, models, make_tiny_bert(tmp_path / "bert")
+
+
+@pytest.mark.slow
+def test_demo_fast_variant(tmp_path, capsys):
+    work, _, encoder = demo_inputs(tmp_path)
     rc = main(["demo", "--workdir", str(work), "--models", str(tmp_path / "models"), "--encoder", str(encoder),
                "--limit", "4", "--batch-size", "4"])
     assert rc == 0
@@ -112,25 +119,11 @@ def test_demo_retrain_evaluates_the_shipped_models_in_a_second_process(tmp_path,
     equal the parent's own evaluation of them."""
     import shutil
 
-    from helpers import build_test_world
-
     from selfrag_jax.demo.pipeline import Stages
-    from selfrag_jax.models.config import preset
-    from selfrag_jax.models.hf import export_hf
-    from selfrag_jax.models.llama import init_params
-    from selfrag_jax.tokenizer import SelfRAGTokenizer
 
-    work, models = tmp_path / "work", tmp_path / "models"
-    build_test_world(work / "world")
-    (work / "world.done").write_text("{}")
-    tok = SelfRAGTokenizer.from_pretrained(work / "world" / "tokenizer")
-    tok.save(tmp_path / "tok")
-    config = preset("tiny", vocab_size=len(tok), eos_token_id=tok.eos_id, bos_token_id=tok.bos_id)
-    for seed, name in enumerate(("generator", "critic")):
-        export_hf(init_params(config, seed), config, models / name, tokenizer_dir=tmp_path / "tok")
+    work, models, encoder = demo_inputs(tmp_path)
     monkeypatch.setattr(Stages, "run_all", lambda self, export=True: None)
     monkeypatch.setattr(Stages, "export", lambda self, dest: {"dest": str(shutil.copytree(models, dest))})
-    encoder = make_tiny_bert(tmp_path / "bert")
     assert main(["demo", "--retrain", "--workdir", str(work), "--models", str(models), "--encoder", str(encoder),
                  "--limit", "3", "--batch-size", "3"]) == 0
     report = json.loads((work / "report.json").read_text())
