@@ -53,6 +53,13 @@ def test_demo_fast_variant(tmp_path, capsys):
             for line in (work / "world" / "eval" / "world_qa.jsonl").read_text().splitlines()[:4]]
     rows = [json.loads(line) for line in (work / "shipped" / "predictions" / "world_qa.gold_passage.jsonl").read_text().splitlines()]
     assert [[c["passage"]["id"] for c in r["candidates"]] for r in rows] == [ids[:1] for ids in gold]
+    # the retriever-prior setting re-chooses among Self-RAG's own candidates, never decodes again
+    pred = {s: [json.loads(line) for line in (work / "shipped" / "predictions" / f"world_qa.{s}.jsonl").read_text().splitlines()]
+            for s in ("selfrag", "selfrag_ret")}
+    assert [[c["text"] for c in r["candidates"]] for r in pred["selfrag"]] == \
+        [[c["text"] for c in r["candidates"]] for r in pred["selfrag_ret"]]
+    assert all(c["passage"]["score"] is not None and c["scores"]["ret"] >= 0 for r in pred["selfrag_ret"] for c in r["candidates"])
+    assert set(report["distractor_top1"]) == {"selfrag", "selfrag_ret", "always_top1"}
     assert set(report["critic_agreement"]) == {"retrieve_input", "retrieve_sentence", "isrel", "issup", "isuse"}
     assert report["seconds"] > 0
     assert (work / "report.md").read_text().startswith("# Self-RAG demo")
@@ -93,7 +100,7 @@ def test_pipeline_stage_configs_chain(tmp_path):
     assert cfgs["critic"].num_steps == 150  # the reduced budget
     full = Stages(tmp_path, budget="full").config("base")  # the configs as they are: the shipped models
     assert (full.optim.schedule, full.num_steps, full.optim.schedule_steps) == ("cosine", 3500, 0)
-    assert cfgs["base"].num_steps == 1400 and cfgs["base"].optim.schedule_steps == full.num_steps  # a prefix of it
+    assert cfgs["base"].num_steps == 1800 and cfgs["base"].optim.schedule_steps == full.num_steps  # a prefix of it
     assert (full.optim.b2, cfgs["base"].optim.b2) == (0.999, 0.95)  # only the reduced base changes Adam's b2
     assert stages.config("base", ["num_steps=7"]).num_steps == 7  # a caller's override wins over the budget
     assert stages.config("critic", ["optim.learning_rate=3e-4"]).optim.learning_rate == 3e-4

@@ -21,7 +21,7 @@ from selfrag_jax import tokens as T
 from selfrag_jax.inference.cli import run_batches
 from selfrag_jax.inference.engine import ControlIds, Engine, bucket
 from selfrag_jax.inference.items import parse_item
-from selfrag_jax.inference.scoring import RetrieveOptions
+from selfrag_jax.inference.scoring import RetrieveOptions, ScoreOptions
 from selfrag_jax.inference.selfrag import GenerateOptions, ShortForm, output_record
 from selfrag_jax.models.checkpoint import load_model
 from selfrag_jax.models.llama import Llama
@@ -56,11 +56,16 @@ def text(rng: random.Random, lo: int, hi: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(rng.randint(lo, hi)))
 
 
-def make_items(n: int, seed: int = 0, k: int = 5, q_words=(2, 12), p_words=(3, 25)):
-    rng = random.Random(seed)
+def make_items(n: int, seed: int = 0, k: int = 5, q_words=(2, 12), p_words=(3, 25), scored: bool = False):
+    """`scored`: ctxs carry retriever scores, best first (from a generator of their own, so
+    the texts are the same as without)."""
+    rng, srng = random.Random(seed), random.Random(seed + 7919)
     items = []
     for i in range(n):
         ctxs = [{"id": f"p{i}.{j}", "title": text(rng, 1, 3), "text": text(rng, *p_words)} for j in range(k)]
+        if scored:
+            for c, score in zip(ctxs, sorted((srng.uniform(0.2, 0.8) for _ in ctxs), reverse=True)):
+                c["score"] = score
         items.append(parse_item(json.dumps({"id": str(i), "question": text(rng, *q_words) + "?", "ctxs": ctxs}),
                                 f"test:{i + 1}"))
     return items
@@ -287,3 +292,27 @@ def test_long_form_beam_search(model, engine):
         cited = [f"{s.text} [{s.doc}]" for s in r.best.segments if s.text]
         assert rec["prediction"] == " ".join(cited)
         assert r.best.score == pytest.approx(np.mean([s["scores"]["final"] for s in rec["segments"]]))
+
+
+def test_retriever_prior_rechooses_what_a_run_with_it_chooses(model, engine):
+    """One decode, chosen again under w_ret, equals a run made with w_ret; the prior is the
+    softmax of the ctxs' scores, and it tips the choice where the critique scores are close."""
+    tok = model[3]
+    items = make_items(8, seed=21, k=4, scored=True)
+    prior = ScoreOptions(w_ret=3.0, ret_temperature=0.1)
+    paper = short_form(engine, tok, retrieve=RetrieveOptions(mode="always"))
+    results = paper.run(items)
+    before = [r.chosen for r in results]
+    direct = short_form(engine, tok, retrieve=RetrieveOptions(mode="always"), score=prior)
+    expected = [(r.chosen, r.prediction) for r in direct.run(items)]
+    direct.rechoose(results)
+    assert [(r.chosen, r.prediction) for r in results] == expected
+    assert before != [c for c, _ in expected]  # the prior changed some choices
+    for it, r in zip(items, results):
+        rec = output_record(r, direct.opts)
+        s = np.array([c["score"] for c in it.ctxs])
+        want = np.exp((s - s.max()) / 0.1) / np.exp((s - s.max()) / 0.1).sum()
+        np.testing.assert_allclose([c["scores"]["ret"] for c in rec["candidates"]], want, rtol=1e-9)
+        assert [c["passage"]["score"] for c in rec["candidates"]] == [c["score"] for c in it.ctxs]
+    paper.rechoose(results)
+    assert [r.chosen for r in results] == before

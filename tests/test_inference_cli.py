@@ -37,7 +37,7 @@ def test_generate_writes_records_and_a_cache_that_replays(model_dir, tmp_path):
         assert KEYS <= set(rec) and 0 <= rec["p_retrieve"] <= 1
         assert len(rec["candidates"]) == 3 and "token_ids" in rec["no_retrieval"]
         for cand in rec["candidates"]:
-            assert set(cand["scores"]) == {"seq", "rel", "sup", "use", "final"}
+            assert set(cand["scores"]) == {"seq", "rel", "sup", "use", "ret", "final"}
             assert {"prompt_token_ids", "token_ids"} <= set(cand) and set(cand["passage"]) == {"id", "title", "text"}
 
     data = load_cache(cache)

@@ -67,6 +67,33 @@ def test_final_score_weights_and_sequence_score():
     np.testing.assert_allclose(released, 0.8 + 0.6 + 0.4)
 
 
+def test_retriever_prior_is_a_softmax_of_the_scores_weighted_into_the_final_score():
+    s = np.array([0.62, 0.55, 0.40])
+    p = scoring.retriever_prob(s, 0.05)
+    np.testing.assert_allclose(p, np.exp(s / 0.05) / np.exp(s / 0.05).sum(), rtol=1e-12)
+    np.testing.assert_allclose(scoring.retriever_prob(s, 1e4), [1 / 3] * 3, rtol=1e-4)  # flat when hot
+    # a candidate without a score (NaN, or inf from a bad file): no prior for the question at all
+    assert scoring.retriever_prob([0.6, np.nan], 0.05).tolist() == [0.0, 0.0]
+    assert scoring.retriever_prob([0.6, np.inf], 0.05).tolist() == [0.0, 0.0]
+    assert scoring.retriever_prob([], 0.05).shape == (0,)
+    seq, rel, sup, use = np.zeros(3), np.ones(3), np.ones(3), np.zeros(3)
+    np.testing.assert_allclose(scoring.final_score(seq, rel, sup, use, ScoreOptions(w_ret=0.5), p), 1 + 2 + 0.5 * p)
+    np.testing.assert_allclose(scoring.final_score(seq, rel, sup, use, ScoreOptions(), p), [3.0] * 3)  # paper: none
+    with pytest.raises(ValueError, match="ret_temperature"):
+        ScoreOptions(ret_temperature=0.0)
+
+
+def test_passages_keep_a_numeric_retriever_score():
+    from selfrag_jax.inference.items import passage
+
+    assert passage({"id": "a", "title": "t", "text": "x", "score": 0.5}, "f")["score"] == 0.5
+    assert passage({"title": "t", "text": "x", "score": "1.6427"}, "f") == {"id": "f", "title": "t", "text": "x",
+                                                                             "score": 1.6427}  # released ctxs
+    for bad in ("high", True, None, [1]):
+        assert "score" not in passage({"text": "x", "score": bad}, "f")
+    assert np.isnan(scoring.passage_score(None)) and np.isnan(scoring.passage_score({"text": "x"}))
+
+
 def test_hard_constraints():
     rel_label = np.array([1, 0, 1, -1])  # Relevant, Irrelevant, Relevant, none
     sup_label = np.array([0, 0, 2, -1])  # Fully, Fully, No support, none

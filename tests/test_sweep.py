@@ -18,7 +18,7 @@ from selfrag_jax.evaluation.synthetic import synthetic_cache
 from selfrag_jax.inference.cache import load_cache, replay
 
 GRID = ("mode=adaptive|always|hard,rule=paper|released,threshold=0|0.3|0.9,seqscore=on|off,"
-        "hard=none|no_support|irrelevant|both,w_rel=0:2:2,w_sup=0|1.5,w_use=-1|0.5")
+        "hard=none|no_support|irrelevant|both,w_rel=0:2:2,w_sup=0|1.5,w_use=-1|0.5,w_ret=0|2,ret_temperature=0.05|0.3")
 
 
 def test_grid_spec_and_file(tmp_path):
@@ -29,7 +29,7 @@ def test_grid_spec_and_file(tmp_path):
     (tmp_path / "g.yaml").write_text("w_sup: 0:1:3\nhard: [none, both]\nseqscore: false\n")
     grid = S.parse_grid(str(tmp_path / "g.yaml"))
     assert grid["w_sup"] == [0.0, 0.5, 1.0] and grid["hard"] == ["none", "both"] and grid["seqscore"] == ["off"]
-    for bad in ("w_rel=a:b:c", "colour=red", "rule=mine", "w_sup"):
+    for bad in ("w_rel=a:b:c", "colour=red", "rule=mine", "w_sup", "ret_temperature=0|0.1"):
         with pytest.raises(ValueError, match="grid"):
             S.parse_grid(bad)
 
@@ -68,7 +68,7 @@ def model_dir(tmp_path_factory):
 
 
 def test_sweep_matches_generate_run_with_those_flags(model_dir, tmp_path):
-    items = make_items(6, seed=11, k=3)
+    items = make_items(6, seed=11, k=3, scored=True)
     src = tmp_path / "in.jsonl"
     src.write_text("".join(json.dumps({**it.record, "answers": [it.question.split()[0]]}) + "\n" for it in items))
     base = ["generate", "--model", str(model_dir), "--input", str(src), "--ndocs", "3", "--max-new-tokens", "8",
@@ -76,7 +76,8 @@ def test_sweep_matches_generate_run_with_those_flags(model_dir, tmp_path):
     assert main(base + ["--output", str(tmp_path / "cached.jsonl"), "--cache", str(tmp_path / "cache")]) == 0
     configs = [S.Config(), S.Config(rule="released", threshold=0.5, w_use=-1.0),
                S.Config(mode="always", seqscore="off", w_sup=2.0), S.Config(threshold=0.0, hard="both", w_rel=0.0),
-               S.Config(mode="hard", hard="no_support", w_use=1.0, w_rel=2.0)]
+               S.Config(mode="hard", hard="no_support", w_use=1.0, w_rel=2.0),
+               S.Config(mode="always", w_ret=3.0, ret_temperature=0.1), S.Config(w_ret=1.0, hard="irrelevant")]
     result = S.run_sweep(S.prepare(load_cache(tmp_path / "cache")), configs, with_choices=True)
     cache = load_cache(tmp_path / "cache")
     for g, cfg in enumerate(configs):

@@ -32,7 +32,7 @@ ASSETS = Path(__file__).resolve().parents[1] / "assets" / "default"
 # the measured runs: assets/default/README.md.
 BUDGETS = {
     "full": {},
-    "reduced": {"base": ["num_steps=1400", "optim.schedule_steps={config_steps}", "optim.b2=0.95"],
+    "reduced": {"base": ["num_steps=1800", "optim.schedule_steps={config_steps}", "optim.b2=0.95"],
                 "anneal": ["num_steps=200"], "anneal2": ["num_steps=100"], "critic": ["num_steps=150"],
                 "generator": ["num_steps=240"]},
 }

@@ -10,7 +10,8 @@ IsRel/IsSup labels trip the hard constraints, whether its text `match`es the gol
 closed-set tasks) the id of its normalised answer, so the device only adds, masks and takes
 arg-maxes. Retrieval decisions depend on (mode, rule, threshold) alone: the host evaluates
 each distinct one with `scoring.decide_retrieve` (float64, the same comparison `generate`
-makes) and the kernel gathers rows of that table. Arrays are [Q, K, G] with the grid last;
+makes) and the kernel gathers rows of that table; the retriever prior (a softmax, so not
+linear in its temperature) is tabled the same way per distinct temperature. Arrays are [Q, K, G] with the grid last;
 the grid axis is sharded over a 1-D mesh of the local devices, in chunks that bound memory.
 With several processes each takes a contiguous share of the grid; process 0 gathers.
 Choices follow `scoring.choose`: first index wins ties, closed sets sum final scores per
@@ -30,13 +31,14 @@ from typing import Any, Callable
 import numpy as np
 
 from selfrag_jax.inference import scoring
-from selfrag_jax.inference.cache import SweepCache
+from selfrag_jax.inference.cache import SweepCache, retriever_scores
 
 # key -> (default, kind); the order is the CSV's column order and the grid's nesting order.
 PARAMS: dict[str, tuple[Any, str]] = {
     "mode": ("adaptive", "choice"), "rule": ("paper", "choice"), "threshold": (0.2, "float"),
     "seqscore": ("on", "choice"), "hard": ("none", "choice"),
     "w_rel": (1.0, "float"), "w_sup": (1.0, "float"), "w_use": (0.5, "float"),
+    "w_ret": (0.0, "float"), "ret_temperature": (0.05, "float"),
 }
 CHOICES = {"mode": scoring.MODES, "rule": scoring.THRESHOLD_RULES, "seqscore": ("on", "off"),
            "hard": ("none", "no_support", "irrelevant", "both")}
@@ -53,16 +55,20 @@ class Config:
     w_rel: float = 1.0
     w_sup: float = 1.0
     w_use: float = 0.5
+    w_ret: float = 0.0
+    ret_temperature: float = 0.05
 
     def options(self) -> tuple[scoring.RetrieveOptions, scoring.ScoreOptions]:
         """The `generate` options this configuration stands for."""
         return (scoring.RetrieveOptions(self.mode, self.threshold, self.rule),
                 scoring.ScoreOptions(self.w_rel, self.w_sup, self.w_use, self.seqscore == "on",
-                                     self.hard in ("no_support", "both"), self.hard in ("irrelevant", "both")))
+                                     self.hard in ("no_support", "both"), self.hard in ("irrelevant", "both"),
+                                     self.w_ret, self.ret_temperature))
 
     def generate_flags(self) -> list[str]:
         flags = ["--mode", self.mode, "--threshold-rule", self.rule, "--threshold", repr(self.threshold),
-                 "--w-rel", repr(self.w_rel), "--w-sup", repr(self.w_sup), "--w-use", repr(self.w_use)]
+                 "--w-rel", repr(self.w_rel), "--w-sup", repr(self.w_sup), "--w-use", repr(self.w_use),
+                 "--w-ret", repr(self.w_ret), "--ret-temperature", repr(self.ret_temperature)]
         flags += ["--no-seqscore"] if self.seqscore == "off" else []
         flags += ["--drop-no-support"] if self.hard in ("no_support", "both") else []
         flags += ["--drop-irrelevant"] if self.hard in ("irrelevant", "both") else []
@@ -123,6 +129,8 @@ def _values(key: str, value) -> list:
             raise ValueError(f"grid: {key}={bad[0]!r} is not one of {'|'.join(CHOICES[key])}")
     if not values:
         raise ValueError(f"grid: {key} has no values")
+    if key == "ret_temperature" and min(values) <= 0:
+        raise ValueError(f"grid: ret_temperature must be positive, got {min(values)}")
     return values
 
 
@@ -139,6 +147,7 @@ class Prepared:
     rel: np.ndarray
     sup: np.ndarray
     use: np.ndarray
+    ret_score: np.ndarray  # float64: the retriever's score, NaN where none (and in padding)
     valid: np.ndarray  # bool: a real candidate (not padding)
     irrelevant: np.ndarray  # bool: generated [Irrelevant]
     no_support: np.ndarray  # bool: generated [No support / Contradictory]
@@ -189,7 +198,8 @@ def prepare(cache: SweepCache, task: str | None = None) -> Prepared:
     return Prepared(
         seq_exp=padded(np.exp(a["c_seq"].astype(np.float64))).astype(np.float32),
         rel=padded(a["c_rel"].astype(np.float64)).astype(np.float32),
-        sup=padded(sup).astype(np.float32), use=padded(use).astype(np.float32), valid=valid,
+        sup=padded(sup).astype(np.float32), use=padded(use).astype(np.float32),
+        ret_score=padded(retriever_scores(cache).astype(np.float64), np.nan), valid=valid,
         irrelevant=padded(a["c_rel_label"] == scoring.IRRELEVANT, False),
         no_support=padded(a["c_sup_label"] == scoring.NO_SUPPORT, False),
         answer_id=answer_id, match=match, match_nr=match_nr, has_candidates=counts > 0,
@@ -215,6 +225,19 @@ def decision_table(prep: Prepared, configs: list[Config]) -> tuple[np.ndarray, n
     return table & prep.has_candidates[None, :], np.array([index[k] for k in keys], np.int32)
 
 
+def prior_table(prep: Prepared, configs: list[Config]) -> tuple[np.ndarray, np.ndarray]:
+    """([T, Q, K] `scoring.retriever_prob` of each distinct temperature, [G] row per config),
+    on the host in float64 like the decisions: the softmax is the one non-linear score."""
+    temps = list(dict.fromkeys(c.ret_temperature for c in configs))
+    table = np.zeros((len(temps), *prep.shape))
+    for t, temp in enumerate(temps):
+        for q in range(prep.shape[0]):
+            valid = prep.valid[q]
+            table[t, q, valid] = scoring.retriever_prob(prep.ret_score[q, valid], temp)
+    index = {t: i for i, t in enumerate(temps)}
+    return table.astype(np.float32), np.array([index[c.ret_temperature] for c in configs], np.int32)
+
+
 # --- the kernel -----------------------------------------------------------------------
 def _kernel(q: dict, cfg: dict, closed: bool, with_choices: bool):
     """Per configuration (last axis): metric, retrieval frequency [, chosen, retrieved]."""
@@ -224,7 +247,8 @@ def _kernel(q: dict, cfg: dict, closed: bool, with_choices: bool):
     q_n, k_n = q["valid"].shape
     w = cfg["w"]  # [G, 3]
     final = (q["seq_exp"][..., None] * cfg["seq_on"] + q["rel"][..., None] * w[:, 0]
-             + q["sup"][..., None] * w[:, 1] + q["use"][..., None] * w[:, 2])  # [Q, K, G]
+             + q["sup"][..., None] * w[:, 1] + q["use"][..., None] * w[:, 2]
+             + jnp.moveaxis(q["priors"][cfg["prior"]], 0, -1) * cfg["w_ret"])  # [Q, K, G]
     keep = (q["valid"][..., None] & ~(q["irrelevant"][..., None] & cfg["drop_irr"])
             & ~(q["no_support"][..., None] & cfg["drop_nosup"]))
     if closed:  # sum per answer: segment ids q * K + answer id, grid kept as a trailing axis
@@ -270,13 +294,14 @@ def run_sweep(prep: Prepared, configs: list[Config], *, with_choices: bool = Fal
     mesh = Mesh(np.array(devices), ("grid",))
     q_n, k_n = prep.shape
     table, decision = decision_table(prep, configs)
+    priors, prior = prior_table(prep, configs)
     rep = NamedSharding(mesh, P())
     q = {k: jax.device_put(v, rep) for k, v in dict(
         seq_exp=prep.seq_exp, rel=prep.rel, sup=prep.sup, use=prep.use, valid=prep.valid,
         irrelevant=prep.irrelevant, no_support=prep.no_support, answer_id=prep.answer_id,
-        match=prep.match, match_nr=prep.match_nr, decisions=table).items()}
+        match=prep.match, match_nr=prep.match_nr, decisions=table, priors=priors).items()}
     chunk = _chunk_size(chunk, len(configs), q_n * k_n, len(devices))
-    cfg_all = _config_arrays(configs, decision)
+    cfg_all = _config_arrays(configs, decision, prior)
     shard_g = NamedSharding(mesh, P("grid"))
     out_shardings = {"metric": shard_g, "retrieval_frequency": shard_g}
     if with_choices:
@@ -300,9 +325,10 @@ def run_sweep(prep: Prepared, configs: list[Config], *, with_choices: bool = Fal
                        len(devices), chunk)
 
 
-def _config_arrays(configs: list[Config], decision: np.ndarray) -> dict[str, np.ndarray]:
+def _config_arrays(configs: list[Config], decision: np.ndarray, prior: np.ndarray) -> dict[str, np.ndarray]:
     return {
         "w": np.array([[c.w_rel, c.w_sup, c.w_use] for c in configs], np.float32).reshape(-1, 3),
+        "w_ret": np.array([c.w_ret for c in configs], np.float32), "prior": prior,
         "seq_on": np.array([c.seqscore == "on" for c in configs], np.float32),
         "drop_irr": np.array([c.hard in ("irrelevant", "both") for c in configs], bool),
         "drop_nosup": np.array([c.hard in ("no_support", "both") for c in configs], bool),
@@ -318,9 +344,9 @@ def _pad(x: np.ndarray, n: int) -> np.ndarray:
 
 def _chunk_size(chunk: int | None, n_configs: int, cells: int, n_dev: int, budget_bytes: float = 2**30) -> int:
     """Configurations per compiled step: a multiple of the device count, sized so the
-    ~12 float32 [Q, K, chunk] intermediates of one device fit in `budget_bytes`."""
+    ~13 float32 [Q, K, chunk] intermediates of one device fit in `budget_bytes`."""
     if chunk is None:
-        per_dev = max(1, int(budget_bytes // (cells * 4 * 12)))
+        per_dev = max(1, int(budget_bytes // (cells * 4 * 13)))
         per_dev = min(1 << (per_dev.bit_length() - 1), 4096)
         chunk = per_dev * n_dev
         chunk = min(chunk, -(-n_configs // n_dev) * n_dev)  # no more padding than one round

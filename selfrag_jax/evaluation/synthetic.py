@@ -38,6 +38,9 @@ def synthetic_cache(n_questions: int, k: int = 5, task: str = "open", seed: int 
         "c_use_probs": np.where(use_found[:, None], use_p, 0).astype(np.float32), "c_use_found": use_found,
         "c_rel_label": rel_p.argmax(1).astype(np.int8),
         "c_sup_label": np.where(sup_found, sup_p.argmax(1), -1).astype(np.int8),
+        # cosine-like retriever scores, best first; a few questions' passages carry none
+        "c_ret_score": np.where(np.repeat(rng.random(n_questions) < 0.1, counts), np.nan,
+                                -np.sort(-rng.uniform(0.2, 0.8, c))).astype(np.float32),
     }
     pool = CLOSED_ANSWERS.get(task) or tuple(f"answer {i}" for i in range(8))
     questions = []

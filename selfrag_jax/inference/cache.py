@@ -24,6 +24,8 @@ Schema (version 1), written atomically (temporary folder, then one rename):
       c_use_probs         [C,5] f32  IsUse group at the first generated Utility token (0s if none)
       c_use_found         [C]  bool
       c_rel_label, c_sup_label [C] int8  group index of the generated IsRel / IsSup token, -1 none
+      c_ret_score         [C]  f32   the retriever's score of the passage, NaN if none (absent in
+                                     caches written before it: read as NaN, no retriever prior)
 `norm` is `scoring.normalise_answer(text, task)`, the key of closed-set aggregation.
 """
 
@@ -110,6 +112,7 @@ def _arrays(q_rows: list, c_rows: list) -> dict[str, np.ndarray]:
         "c_use_found": np.array([c.use_found for c in cands], bool),
         "c_rel_label": np.array([c.rel_label for c in cands], np.int8),
         "c_sup_label": np.array([c.sup_label for c in cands], np.int8),
+        "c_ret_score": np.array([scoring.passage_score(c.passage) for c in cands], np.float32),
     }
 
 
@@ -131,6 +134,21 @@ def load_cache(folder: str | Path) -> SweepCache:
     return SweepCache(meta, questions, arrays)
 
 
+def retriever_scores(cache: SweepCache) -> np.ndarray:
+    """[C] retriever score per candidate, NaN where there is none (or the cache predates it)."""
+    a = cache.arrays
+    return a["c_ret_score"] if "c_ret_score" in a else np.full(len(a["c_seq"]), np.nan, np.float32)
+
+
+def retriever_probs(cache: SweepCache, temperature: float) -> np.ndarray:
+    """[C] `scoring.retriever_prob` of each candidate among its question's."""
+    scores, out = retriever_scores(cache), np.zeros(len(cache.arrays["c_seq"]))
+    for q in range(len(cache.questions)):
+        rows = cache.candidate_rows(q)
+        out[rows] = scoring.retriever_prob(scores[rows], temperature)
+    return out
+
+
 def replay(cache: SweepCache, retrieve: scoring.RetrieveOptions, score: scoring.ScoreOptions,
            refuse: scoring.RefuseOptions | None = None) -> list[dict[str, Any]]:
     """Per question {"prediction", "retrieved", "chosen", "refused"} under new options, no
@@ -141,7 +159,7 @@ def replay(cache: SweepCache, retrieve: scoring.RetrieveOptions, score: scoring.
     decide = scoring.decide_retrieve(a["q_retrieve_logprobs"], a["q_greedy_retrieval"], retrieve)
     sup = scoring.sup_score(a["c_sup_probs"], a["c_sup_found"])
     use = scoring.use_score(a["c_use_probs"], a["c_use_found"])
-    final = scoring.final_score(a["c_seq"], a["c_rel"], sup, use, score)
+    final = scoring.final_score(a["c_seq"], a["c_rel"], sup, use, score, retriever_probs(cache, score.ret_temperature))
     keep = scoring.allowed(a["c_rel_label"], a["c_sup_label"], score)
     if refuse.enabled:
         keep &= scoring.passes_bar(a["c_rel"], sup, a["c_sup_label"], refuse)

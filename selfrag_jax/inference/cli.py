@@ -54,6 +54,10 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--w-rel", type=float, default=1.0)
     p.add_argument("--w-sup", type=float, default=1.0)
     p.add_argument("--w-use", type=float, default=0.5)
+    p.add_argument("--w-ret", type=float, default=0.0,
+                   help="weight of the retriever's p(passage|question) in the final score (0: the paper's score)")
+    p.add_argument("--ret-temperature", type=float, default=0.05,
+                   help="temperature of that softmax over the question's passages' retriever scores")
     p.add_argument("--no-seqscore", action="store_true", help="leave exp(mean log-prob) out of the final score")
     p.add_argument("--drop-no-support", action="store_true", help="hard constraint: drop [No support] candidates")
     p.add_argument("--drop-irrelevant", action="store_true", help="hard constraint: drop [Irrelevant] candidates")
@@ -137,7 +141,7 @@ def options_from_args(args: argparse.Namespace, pipeline: str | None = None, ref
         keep_both_paths=bool(getattr(args, "cache", None)),
         retrieve=RetrieveOptions(args.mode, args.threshold, args.threshold_rule),
         score=ScoreOptions(args.w_rel, args.w_sup, args.w_use, not args.no_seqscore,
-                           args.drop_no_support, args.drop_irrelevant),
+                           args.drop_no_support, args.drop_irrelevant, args.w_ret, args.ret_temperature),
         refuse=RefuseOptions(bool(refuse), args.refuse_rel_threshold, args.refuse_sup_threshold, args.refusal_message),
         corrective=CorrectiveOptions(max_rounds or args.max_rounds, args.crag_rel_threshold,
                                      args.retry_token_budget, args.crag_query),

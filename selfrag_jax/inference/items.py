@@ -80,6 +80,16 @@ def _choices(record: dict[str, Any]) -> str:
     return "".join(f"\n{label}: {text}" for label, text in zip(labels, texts))
 
 
-def passage(ctx: dict[str, Any], fallback_id: str) -> dict[str, str]:
-    """The {"id", "title", "text"} an output record carries for a passage."""
-    return {"id": str(ctx.get("id", fallback_id)), "title": str(ctx.get("title", "")), "text": str(ctx["text"])}
+def passage(ctx: dict[str, Any], fallback_id: str) -> dict[str, Any]:
+    """The {"id", "title", "text"} an output record carries for a passage, and its retriever
+    "score" when it has a numeric one (the retriever's hits do; so do the released eval files' ctxs)."""
+    out = {"id": str(ctx.get("id", fallback_id)), "title": str(ctx.get("title", "")), "text": str(ctx["text"])}
+    score = ctx.get("score")
+    if isinstance(score, (int, float)) and not isinstance(score, bool):
+        out["score"] = float(score)
+    elif isinstance(score, str):
+        try:
+            out["score"] = float(score)
+        except ValueError:
+            pass
+    return out

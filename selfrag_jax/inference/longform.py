@@ -131,7 +131,7 @@ class LongForm:
         return self.tok.control_id(T.CONTINUE_EVIDENCE if prefer_continue else T.NO_RETRIEVAL)
 
     def _children(self, rows: list[Row], parents: list, docs) -> dict[int, list[Beam]]:
-        scores = candidate_scores(rows, self.opts.score)
+        scores = candidate_scores(rows, self.opts.score, groups=[id(beam) for _, beam in parents])
         out: dict[int, list[Beam]] = {}
         for n, (row, (q, parent)) in enumerate(zip(rows, parents)):
             seg_scores = {k: float(v[n]) for k, v in scores.items()}

@@ -42,7 +42,13 @@ class RetrieveOptions:
 
 @dataclass(frozen=True)
 class ScoreOptions:
-    """Weights of the critique scores (paper: 1.0 / 1.0 / 0.5) and the hard constraints."""
+    """Weights of the critique scores (paper: 1.0 / 1.0 / 0.5) and the hard constraints.
+
+    `w_ret` (beyond the paper, 0 = the paper's score) adds the retriever's own probability of
+    each passage, p(d|x) = softmax(score / `ret_temperature`) over the question's candidates,
+    as RAG-Sequence weighs its passages. Where the critique tokens cannot tell passages apart
+    the choice then falls back to the retriever's order instead of chance. 0.05 is the
+    contrastive temperature MiniLM (scale 20) and Contriever were trained with."""
 
     w_rel: float = 1.0
     w_sup: float = 1.0
@@ -50,6 +56,12 @@ class ScoreOptions:
     use_seqscore: bool = True
     drop_no_support: bool = False
     drop_irrelevant: bool = False
+    w_ret: float = 0.0
+    ret_temperature: float = 0.05
+
+    def __post_init__(self):
+        if not self.ret_temperature > 0:
+            raise ValueError(f"ret_temperature must be positive, got {self.ret_temperature}")
 
 
 @dataclass(frozen=True)
@@ -107,9 +119,28 @@ def use_score(use_probs: np.ndarray, found: np.ndarray) -> np.ndarray:
     return np.where(found, (p @ np.asarray(UTILITY_WEIGHTS)) / np.maximum(p.sum(-1), 1e-300), 0.0)
 
 
-def final_score(seq: np.ndarray, rel: np.ndarray, sup: np.ndarray, use: np.ndarray, opts: ScoreOptions) -> np.ndarray:
+def passage_score(psg: dict | None) -> float:
+    """The retriever's score a candidate's passage carries (`items.passage`), NaN if none."""
+    return float((psg or {}).get("score", np.nan))
+
+
+def retriever_prob(scores, temperature: float) -> np.ndarray:
+    """p(d|x) over one question's candidates: softmax(score / temperature). All zeros when
+    any candidate has no finite retriever score (NaN: `ctxs` without one), so the prior never
+    favours the candidates that happen to carry a score."""
+    s = np.asarray(scores, np.float64)
+    if s.size == 0 or not np.isfinite(s).all():
+        return np.zeros(s.shape)
+    e = np.exp((s - s.max()) / temperature)
+    return e / e.sum()
+
+
+def final_score(seq: np.ndarray, rel: np.ndarray, sup: np.ndarray, use: np.ndarray, opts: ScoreOptions,
+                ret: np.ndarray | float = 0.0) -> np.ndarray:
+    """Self-RAG's candidate score; `ret` is `retriever_prob` (used only when opts.w_ret != 0)."""
     base = np.exp(np.asarray(seq, np.float64)) if opts.use_seqscore else 0.0
-    return base + opts.w_rel * np.asarray(rel) + opts.w_sup * np.asarray(sup) + opts.w_use * np.asarray(use)
+    return (base + opts.w_rel * np.asarray(rel) + opts.w_sup * np.asarray(sup) + opts.w_use * np.asarray(use)
+            + opts.w_ret * np.asarray(ret, np.float64))
 
 
 def allowed(rel_label: np.ndarray, sup_label: np.ndarray, opts: ScoreOptions) -> np.ndarray:

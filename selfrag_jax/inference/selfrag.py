@@ -143,6 +143,19 @@ class ShortForm:
     def record(self, r: QuestionResult) -> dict[str, Any]:
         return output_record(r, self.opts)
 
+    def rechoose(self, results: Sequence[QuestionResult]) -> None:
+        """Choose every question's answer again under this runner's options (scores,
+        constraints, refusal), without decoding: results of another runner's `run` with the
+        same rows, e.g. the paper's score and the retriever prior from one decode. Retrieval
+        decisions stay as they were made."""
+        sc = self.opts.score
+        if (sc.drop_irrelevant or sc.drop_no_support) and not self.opts.refuse.enabled and any(
+                r.retrieved and r.no_retrieval is None for r in results):
+            raise ValueError("rechoose: hard constraints need the no-retrieval answer, which these results did not decode")
+        for r in results:
+            r.chosen, r.refused, r.refusal_reason = None, False, None
+            self._choose(r)
+
     def prompt_ids(self, item: Item) -> list[int]:
         ids = self.tok.encode_prompt(item.instruction, item.input)
         if len(ids) + PASSAGE_MARKERS + 1 > self.max_len:
@@ -349,13 +362,22 @@ def rel_scores(rows: Sequence[Row]) -> np.ndarray:
     return scoring.rel_score(np.array([r.rel_probs for r in rows]).reshape(-1, 2))
 
 
-def candidate_scores(rows: Sequence[Row], opts: ScoreOptions) -> dict[str, np.ndarray]:
-    """seq, rel, sup, use and final per row, as self-rag.md section 5 defines them."""
+def candidate_scores(rows: Sequence[Row], opts: ScoreOptions, groups: Sequence | None = None) -> dict[str, np.ndarray]:
+    """seq, rel, sup, use and final per row, as self-rag.md section 5 defines them, and ret,
+    the retriever's probability of the row's passage among the rows of its group (`groups`:
+    a key per row, e.g. the beam it extends; default: all rows are one question's)."""
     seq = np.array([r.seq for r in rows])
     rel = rel_scores(rows)
     sup = scoring.sup_score(np.array([r.sup_probs for r in rows]).reshape(-1, 3), np.array([r.sup_found for r in rows]))
     use = scoring.use_score(np.array([r.use_probs for r in rows]).reshape(-1, 5), np.array([r.use_found for r in rows]))
-    return {"seq": seq, "rel": rel, "sup": sup, "use": use, "final": scoring.final_score(seq, rel, sup, use, opts)}
+    scores, ret = np.array([scoring.passage_score(r.passage) for r in rows]), np.zeros(len(rows))
+    keys = [0] * len(rows) if groups is None else list(groups)
+    for key in dict.fromkeys(keys):
+        mine = np.array([k == key for k in keys])
+        ret[mine] = scoring.retriever_prob(scores[mine], opts.ret_temperature)
+    return {"seq": seq, "rel": rel, "sup": sup, "use": use, "ret": ret,
+            "final": scoring.final_score(seq, rel, sup, use, opts, ret)}
+
 
 
 def best_text(r: QuestionResult, opts: ScoreOptions) -> str:
