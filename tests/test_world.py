@@ -244,8 +244,15 @@ def test_oracle_labels_match_the_passages(built):
 def test_eval_answers_are_in_gold_passages_and_unanswerables_nowhere(built):
     out, manifest = built
     passages = {p["id"]: p for p in load(out, "passages.jsonl")}
+    asked = set()
     for r in load(out, manifest["eval"]["world_qa"]):
         assert {"id", "question", "answers"} <= set(r)
+        assert any(a in passages[g]["text"] for g in r["meta"]["gold_passage_ids"] for a in r["answers"])
+        asked.add((r["meta"]["entity_ids"][0], r["meta"]["attributes"][0]))
+    dev = load(out, manifest["eval"]["world_qa_dev"])  # the same people's other questions, never world_qa's
+    assert dev and not asked & {(r["meta"]["entity_ids"][0], r["meta"]["attributes"][0]) for r in dev}
+    assert {r["meta"]["entity_ids"][0] for r in dev} <= {e for e, _ in asked}
+    for r in dev:
         assert any(a in passages[g]["text"] for g in r["meta"]["gold_passage_ids"] for a in r["answers"])
     mc = load(out, manifest["eval"]["world_mc"])
     for r in mc:

@@ -99,8 +99,14 @@ def eval_sets(world: World, cfg: WorldConfig) -> dict[str, list[dict]]:
     un = [m.unanswerable(g) for g in m.ghosts for _ in range(2)]
     kinds = ("copy", "reverse", "count", "sum")
     nr = [m.no_retrieval(kinds[i % 4]) for i in range(cfg.n_eval_no_retrieval)]
+    # world_qa_dev: the held-out people's attributes that world_qa does not ask, for choosing
+    # test-time knobs (the demo's retriever-prior weight) without looking at world_qa. Its own
+    # generator, so the sets above are unchanged.
+    asked = {(t.entity_ids[0], t.attributes[0]) for t in qa}
+    dev_maker = TaskMaker(world, "heldout", random.Random(cfg.seed * 31337 + 29), prefix="world_dev")
+    dev = [dev_maker.qa(p, a) for p in dev_maker.people for a in attrs if (p.id, a) not in asked]
     sets = {"world_qa": qa, "world_factcheck": fc, "world_mc": mc, "world_longform": lf,
-            "world_unanswerable": un, "world_noretrieval": nr}
+            "world_unanswerable": un, "world_noretrieval": nr, "world_qa_dev": dev}
     return {name: [eval_record(t) for t in tasks] for name, tasks in sets.items()}
 
 
@@ -218,7 +224,7 @@ def build_world(out_dir: str, seed: int = 0, n_people: int = 2000, config: World
                    "passages": len(world.passages)},
         "passages": "passages.jsonl", "entities": "entities.jsonl", **training_entries,
         "eval": {n: f"eval/{n}.jsonl" for n in ("world_qa", "world_factcheck", "world_mc", "world_longform",
-                                                  "world_unanswerable", "world_noretrieval")},
+                                                  "world_unanswerable", "world_noretrieval", "world_qa_dev")},
         "files": files, "total_bytes": sum(f["bytes"] for f in files.values()),
     }
     tmp = os.path.join(out_dir, "manifest.json.tmp")
