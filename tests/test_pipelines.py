@@ -304,7 +304,7 @@ def test_each_pipeline_runs_through_generate(random_model, tmp_path, capsys, pip
         assert rec["pipeline"] == pipeline and len(rec["candidates"]) == {"none": 0, "naive": 1, "top1": 1}.get(
             pipeline, len(rec["candidates"]))
         for cand in rec["candidates"]:
-            assert set(cand["scores"]) == {"seq", "rel", "sup", "use", "final"}
+            assert set(cand["scores"]) == {"seq", "rel", "sup", "use", "ret", "final"}
     report = json.loads((tmp_path / "out.jsonl.report.json").read_text())
     assert REPORT_KEYS <= set(report) and report["n"] == 3 and report["pipeline"] == pipeline
     assert set(report["latency_s"]) == {"p50", "p95", "mean"} and report["latency_s"]["p95"] > 0
