@@ -10,9 +10,10 @@ IsRel/IsSup labels trip the hard constraints, whether its text `match`es the gol
 closed-set tasks) the id of its normalised answer, so the device only adds, masks and takes
 arg-maxes. Retrieval decisions depend on (mode, rule, threshold) alone: the host evaluates
 each distinct one with `scoring.decide_retrieve` (float64, the same comparison `generate`
-makes) and the kernel gathers rows of that table; the retriever prior (a softmax, so not
-linear in its temperature) is tabled the same way per distinct temperature. Arrays are [Q, K, G] with the grid last;
-the grid axis is sharded over a 1-D mesh of the local devices, in chunks that bound memory.
+makes) and the kernel gathers rows of that table; the retriever prior (a softmax, not
+linear in its temperature) is tabled the same way per distinct temperature. Arrays are
+[Q, K, G] with the grid last; the grid axis is sharded over a 1-D mesh of the local devices,
+in chunks that bound memory.
 With several processes each takes a contiguous share of the grid; process 0 gathers.
 Choices follow `scoring.choose`: first index wins ties, closed sets sum final scores per
 answer (a segment sum over host-computed answer ids) and break exact ties by the answer
