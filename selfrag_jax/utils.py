@@ -10,16 +10,22 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import secrets
 import sys
-import tempfile
 from pathlib import Path
 from typing import Iterator
 
-# tempfile creates 0600 files and 0700 folders; a finished output gets the usual
-# permissions instead (what open() / mkdir() give under the process's umask), so that
-# others on a shared file system (a pod's workers, a team) can read it.
-_UMASK = os.umask(0)
-os.umask(_UMASK)
+def _unique_sibling(target: Path, make) -> Path:
+    """`make(path)` on a fresh hidden sibling name of `target`; returns the path. Created with
+    os.mkdir / os.open's default modes, so a finished output gets the umask's permissions
+    (tempfile's 0600 / 0700 kept results private to their writer on shared file systems)."""
+    while True:
+        tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+        try:
+            make(tmp)
+            return tmp
+        except FileExistsError:
+            continue
 
 
 @contextlib.contextmanager
@@ -27,8 +33,7 @@ def atomic_dir(out_dir: str | os.PathLike, overwrite: bool = True) -> Iterator[P
     """Yield a temporary sibling folder; on success it replaces `out_dir` in one rename."""
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    os.chmod(tmp, 0o777 & ~_UMASK)
+    tmp = _unique_sibling(out, os.mkdir)
     try:
         yield tmp
     except BaseException:
@@ -51,9 +56,7 @@ def atomic_file(path: str | os.PathLike, mode: str = "w", **kwargs):
     """Open a temporary sibling file; it replaces `path` only if the block succeeds."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
-    os.close(fd)
-    os.chmod(tmp, 0o666 & ~_UMASK)
+    tmp = _unique_sibling(path, lambda p: os.close(os.open(p, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)))
     try:
         with open(tmp, mode, **kwargs) as handle:
             yield handle

@@ -111,3 +111,15 @@ def test_sweep_command_writes_csv_summary_and_plots(tmp_path, capsys):
     assert (out / "w_sup.png").stat().st_size > 1000 and (out / "threshold.png").stat().st_size > 1000
     assert main(["sweep", "--cache", str(folder), "--out", str(tmp_path / "x"), "--grid", "w_sup=oops"]) == 2
     assert not (tmp_path / "x").exists()
+
+
+def test_a_cache_without_retriever_scores_has_no_prior():
+    """Caches written before `c_ret_score` replay and sweep as the paper's score at any w_ret."""
+    cache = synthetic_cache(40, k=4, task="open", seed=9)
+    with_scores = replay(cache, *S.Config(w_ret=5.0).options())
+    del cache.arrays["c_ret_score"]
+    paper = replay(cache, *S.Config().options())
+    assert [r["chosen"] for r in replay(cache, *S.Config(w_ret=5.0).options())] == [r["chosen"] for r in paper]
+    assert [r["chosen"] for r in with_scores] != [r["chosen"] for r in paper]  # the scores did matter
+    result = S.run_sweep(S.prepare(cache), [S.Config(), S.Config(w_ret=5.0)], with_choices=True)
+    np.testing.assert_array_equal(result.chosen[0], result.chosen[1])

@@ -111,7 +111,8 @@ def evaluate_models(models: Path, world: Path, index: Path, out: Path, limit: in
                 if trace is None and name == "world_qa":
                     records = per_setting["selfrag"][0]
                     trace = next((r for r in records if r["retrieved"] and r["candidates"]), records[0])
-                prior = ShortForm(engine, tok, replace(runner.opts, trace=False, score=ScoreOptions(w_ret=DEMO_W_RET)))
+                prior = ShortForm(engine, tok, replace(runner.opts, trace=False,
+                                                       score=replace(runner.opts.score, w_ret=DEMO_W_RET)))
                 prior.rechoose(results)
                 keep("selfrag_ret", prior, results)
         if name == "world_qa":  # questions whose top-1 passage is a look-alike, not the gold one

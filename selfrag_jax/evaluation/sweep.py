@@ -32,7 +32,7 @@ from typing import Any, Callable
 import numpy as np
 
 from selfrag_jax.inference import scoring
-from selfrag_jax.inference.cache import SweepCache, retriever_scores
+from selfrag_jax.inference.cache import SweepCache, retriever_probs
 
 # key -> (default, kind); the order is the CSV's column order and the grid's nesting order.
 PARAMS: dict[str, tuple[Any, str]] = {
@@ -148,8 +148,8 @@ class Prepared:
     rel: np.ndarray
     sup: np.ndarray
     use: np.ndarray
-    ret_score: np.ndarray  # float64: the retriever's score, NaN where none (and in padding)
     valid: np.ndarray  # bool: a real candidate (not padding)
+    rows: np.ndarray  # int: the cache row of each [Q, K] cell (0 in padding)
     irrelevant: np.ndarray  # bool: generated [Irrelevant]
     no_support: np.ndarray  # bool: generated [No support / Contradictory]
     answer_id: np.ndarray  # int32: id of the candidate's normalised answer within its question
@@ -178,10 +178,7 @@ def prepare(cache: SweepCache, task: str | None = None) -> Prepared:
         rows = np.zeros_like(rows)
 
     def padded(values: np.ndarray, fill=0) -> np.ndarray:
-        values = np.asarray(values)
-        if len(values) == 0:
-            return np.full((q_n, k_n), fill, values.dtype)
-        return np.where(valid, values[rows], fill)
+        return _gather(values, rows, valid, fill)
 
     sup = scoring.sup_score(a["c_sup_probs"], a["c_sup_found"])
     use = scoring.use_score(a["c_use_probs"], a["c_use_found"])
@@ -199,12 +196,19 @@ def prepare(cache: SweepCache, task: str | None = None) -> Prepared:
     return Prepared(
         seq_exp=padded(np.exp(a["c_seq"].astype(np.float64))).astype(np.float32),
         rel=padded(a["c_rel"].astype(np.float64)).astype(np.float32),
-        sup=padded(sup).astype(np.float32), use=padded(use).astype(np.float32),
-        ret_score=padded(retriever_scores(cache).astype(np.float64), np.nan), valid=valid,
+        sup=padded(sup).astype(np.float32), use=padded(use).astype(np.float32), valid=valid, rows=rows,
         irrelevant=padded(a["c_rel_label"] == scoring.IRRELEVANT, False),
         no_support=padded(a["c_sup_label"] == scoring.NO_SUPPORT, False),
         answer_id=answer_id, match=match, match_nr=match_nr, has_candidates=counts > 0,
         closed=gen_task in scoring.CLOSED_TASKS, cache=cache)
+
+
+def _gather(values: np.ndarray, rows: np.ndarray, valid: np.ndarray, fill=0) -> np.ndarray:
+    """Per-candidate `values` [C] as padded [Q, K] (`fill` in padding)."""
+    values = np.asarray(values)
+    if len(values) == 0:
+        return np.full(valid.shape, fill, values.dtype)
+    return np.where(valid, values[rows], fill)
 
 
 def _gold_rule(task: str) -> Callable[[dict], list[str]]:
@@ -230,11 +234,7 @@ def prior_table(prep: Prepared, configs: list[Config]) -> tuple[np.ndarray, np.n
     """([T, Q, K] `scoring.retriever_prob` of each distinct temperature, [G] row per config),
     on the host in float64 like the decisions: the softmax is the one non-linear score."""
     temps = list(dict.fromkeys(c.ret_temperature for c in configs))
-    table = np.zeros((len(temps), *prep.shape))
-    for t, temp in enumerate(temps):
-        for q in range(prep.shape[0]):
-            valid = prep.valid[q]
-            table[t, q, valid] = scoring.retriever_prob(prep.ret_score[q, valid], temp)
+    table = np.stack([_gather(retriever_probs(prep.cache, t), prep.rows, prep.valid, 0.0) for t in temps])
     index = {t: i for i, t in enumerate(temps)}
     return table.astype(np.float32), np.array([index[c.ret_temperature] for c in configs], np.int32)
 

@@ -134,15 +134,12 @@ def load_cache(folder: str | Path) -> SweepCache:
     return SweepCache(meta, questions, arrays)
 
 
-def retriever_scores(cache: SweepCache) -> np.ndarray:
-    """[C] retriever score per candidate, NaN where there is none (or the cache predates it)."""
-    a = cache.arrays
-    return a["c_ret_score"] if "c_ret_score" in a else np.full(len(a["c_seq"]), np.nan, np.float32)
-
-
 def retriever_probs(cache: SweepCache, temperature: float) -> np.ndarray:
-    """[C] `scoring.retriever_prob` of each candidate among its question's."""
-    scores, out = retriever_scores(cache), np.zeros(len(cache.arrays["c_seq"]))
+    """[C] `scoring.retriever_prob` of each candidate among its question's (0 where a score is
+    missing, and everywhere for a cache written before `c_ret_score`)."""
+    a = cache.arrays
+    scores = a.get("c_ret_score", np.full(len(a["c_seq"]), np.nan))
+    out = np.zeros(len(a["c_seq"]))
     for q in range(len(cache.questions)):
         rows = cache.candidate_rows(q)
         out[rows] = scoring.retriever_prob(scores[rows], temperature)

@@ -137,7 +137,7 @@ def retriever_prob(scores, temperature: float) -> np.ndarray:
 
 def final_score(seq: np.ndarray, rel: np.ndarray, sup: np.ndarray, use: np.ndarray, opts: ScoreOptions,
                 ret: np.ndarray | float = 0.0) -> np.ndarray:
-    """Self-RAG's candidate score; `ret` is `retriever_prob` (used only when opts.w_ret != 0)."""
+    """Self-RAG's candidate score; `ret` is `retriever_prob`, weighted by opts.w_ret (0: the paper's score)."""
     base = np.exp(np.asarray(seq, np.float64)) if opts.use_seqscore else 0.0
     return (base + opts.w_rel * np.asarray(rel) + opts.w_sup * np.asarray(sup) + opts.w_use * np.asarray(use)
             + opts.w_ret * np.asarray(ret, np.float64))

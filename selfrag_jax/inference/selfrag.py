@@ -379,7 +379,6 @@ def candidate_scores(rows: Sequence[Row], opts: ScoreOptions, groups: Sequence |
             "final": scoring.final_score(seq, rel, sup, use, opts, ret)}
 
 
-
 def best_text(r: QuestionResult, opts: ScoreOptions) -> str:
     """The text of the best-scoring candidate so far (the model's own answer)."""
     decoded = [c for c in r.candidates if not c.pruned]
