@@ -138,8 +138,10 @@ def retriever_probs(cache: SweepCache, temperature: float) -> np.ndarray:
     """[C] `scoring.retriever_prob` of each candidate among its question's (0 where a score is
     missing, and everywhere for a cache written before `c_ret_score`)."""
     a = cache.arrays
-    scores = a.get("c_ret_score", np.full(len(a["c_seq"]), np.nan))
     out = np.zeros(len(a["c_seq"]))
+    if "c_ret_score" not in a:
+        return out
+    scores = a["c_ret_score"]
     for q in range(len(cache.questions)):
         rows = cache.candidate_rows(q)
         out[rows] = scoring.retriever_prob(scores[rows], temperature)
