@@ -113,3 +113,24 @@ def test_split_host_cpu_sets_the_device_count_only_before_jax_starts(monkeypatch
     code = "from selfrag_jax.distributed import split_host_cpu; split_host_cpu(); import jax; print(jax.device_count())"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == "2"
+
+
+def test_checkpoint_saved_on_a_mesh_loads_in_a_one_device_process(mesh, tmp_path):
+    """A model trained over 8 devices (a pod, or the two-device CPU default) loads where only
+    one exists (a laptop's `generate`): Orbax must not insist on the saved topology."""
+    import os
+    import subprocess
+    import sys
+
+    from selfrag_jax.models.checkpoint import save_model
+
+    params = init_params(CONFIG, 0, shardings=param_shardings(CONFIG, mesh))
+    save_model(tmp_path / "model", params, CONFIG)
+    np.save(tmp_path / "embedding.npy", np.asarray(params["embedding"]))
+    code = ("import jax, numpy as np, sys; from selfrag_jax.models.checkpoint import load_model; "
+            "c, p, _, _ = load_model(sys.argv[1]); assert jax.device_count() == 1; "
+            "np.testing.assert_array_equal(np.asarray(p['embedding']), np.load(sys.argv[2])); print('ok')")
+    env = os.environ | {"XLA_FLAGS": "--xla_force_host_platform_device_count=1", "JAX_PLATFORMS": "cpu"}
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "model"), str(tmp_path / "embedding.npy")],
+                         env=env, capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]

@@ -88,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
     from selfrag_jax import distributed
     from selfrag_jax.training.config import load_config
 
+    distributed.split_host_cpu()  # a CPU host: two XLA devices, as train-default (no-op on GPU/TPU hosts)
     distributed.initialize()
     cfg = load_config(args.config, args.overrides)
     final = train(cfg)
