@@ -48,10 +48,10 @@ def restore_params(path: str | os.PathLike, config: LlamaConfig, shardings: Any 
         abstract, _ = abstract_params(config)
         target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
         return ckptr.restore(path, target)
-    # Into this process's first device, whatever mesh wrote it: without a target Orbax
-    # restores the saved topology and fails when the device count differs (a checkpoint from
-    # a pod or a two-device CPU run, read by a one-device process).
-    here = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    # Into host memory, whatever mesh wrote it: without a target Orbax restores the saved
+    # topology and fails when the device count differs (a checkpoint from a pod or a
+    # two-device CPU run, read by a one-device process); the arrays go to numpy next anyway.
+    here = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
     params = ckptr.restore(path, jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=here), tree))
     params = to_layout(jax.tree.map(np.asarray, params), config)
     return jax.device_put(params, shardings) if shardings is not None else params
