@@ -51,7 +51,11 @@ def restore_params(path: str | os.PathLike, config: LlamaConfig, shardings: Any 
     # Into host memory, whatever mesh wrote it: without a target Orbax restores the saved
     # topology and fails when the device count differs (a checkpoint from a pod or a
     # two-device CPU run, read by a one-device process); the arrays go to numpy next anyway.
-    here = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
+    try:
+        host = jax.devices("cpu")[0]
+    except RuntimeError:  # JAX_PLATFORMS names only an accelerator: no CPU backend to land on
+        host = jax.devices()[0]
+    here = jax.sharding.SingleDeviceSharding(host)
     params = ckptr.restore(path, jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=here), tree))
     params = to_layout(jax.tree.map(np.asarray, params), config)
     return jax.device_put(params, shardings) if shardings is not None else params
