@@ -137,3 +137,28 @@ def test_demo_retrain_evaluates_the_shipped_models_in_a_second_process(tmp_path,
     assert (work / "shipped" / "report.json").exists() and (work / "retrain" / "models" / "generator").is_dir()
     assert report["retrained"]["tasks"] == report["tasks"] and set(report["tasks"]) == set(TASKS)
     assert report["retrained"]["critic_agreement"] == report["critic_agreement"]
+
+
+def test_induction_probe_scores_a_perfect_copier_one():
+    """The induction probe's rows repeat name pieces, never control tokens; its scoring gives
+    a model that predicts every next token 1.0 on the second copy, and uniform logits none."""
+    import numpy as np
+
+    from selfrag_jax.demo.pipeline import ASSETS
+    from selfrag_jax.demo.probe import copy_scores, induction_accuracy, repeat_rows
+    from selfrag_jax.tokenizer import SelfRAGTokenizer
+
+    ASSETS_CRITIC = ASSETS / "critic"
+    tok = SelfRAGTokenizer.from_pretrained(ASSETS_CRITIC)
+    x = repeat_rows(tok, rows=3, length=10, seed=1)
+    assert x.shape == (3, 21) and (x[:, 0] == tok.bos_id).all() and (x[:, 1:11] == x[:, 11:]).all()
+    assert not set(x[:, 1:].ravel()) & tok.forbidden_in_text
+    assert all(tok.decode([i]).isalpha() and tok.decode([i])[0].isupper() for i in x[:, 1:].ravel())
+    perfect = np.eye(tok.vocab_size, dtype=np.float32)[x[:, 1:]] * 50.0
+    scores = copy_scores(perfect, x, 10)
+    assert scores["second_accuracy"] == 1.0 and scores["first_loss"] < 1e-6 and scores["second_loss"] < 1e-6
+    uniform = copy_scores(np.zeros((3, 20, tok.vocab_size), np.float32), x, 10)
+    assert abs(uniform["second_loss"] - np.log(tok.vocab_size)) < 1e-4 and uniform["second_accuracy"] == 0.0
+    shipped = induction_accuracy(ASSETS_CRITIC, rows=4, length=12)
+    assert set(shipped) == {"first_loss", "second_loss", "second_accuracy", "rows", "length"}
+    assert 0 <= shipped["second_accuracy"] <= 1

@@ -106,16 +106,18 @@ class Stages:
         return {"steps": final["num_steps"], "final_loss": final.get("loss")}
 
     def base_reading(self):
-        """How well the annealed base reads held-out passages and matches their names: what the
-        critic and the generator can build on."""
-        from selfrag_jax.demo.probe import reading_accuracy, relevance_accuracy
+        """How well the annealed base reads held-out passages, matches their names and copies by
+        content: what the critic and the generator can build on."""
+        from selfrag_jax.demo.probe import induction_accuracy, reading_accuracy, relevance_accuracy
 
         result = reading_accuracy(self.out / "anneal2", self.out / "world", n=200)
         result["relevance"] = relevance_accuracy(self.out / "anneal2", self.out / "world", n=200)
+        result["induction"] = induction_accuracy(self.out / "anneal2")
         self.log(f"base model, held-out questions: {result['with_passage']:.2f} match with the gold passage, "
                  f"{result['closed_book']:.2f} without; \"I don't know.\" to look-alike / lacking / own passages: " +
                  ", ".join(f"{k} {v['refused_lookalike']:.2f} / {v['refused_lacking']:.2f} / {v['refused_own']:.2f}"
-                           for k, v in result["relevance"].items() if k != "n"))
+                           for k, v in result["relevance"].items() if k != "n") +
+                 f"; a repeated random sequence's second copy predicted {result['induction']['second_accuracy']:.2f}")
         return result
 
     def annotate(self):
