@@ -13,15 +13,14 @@ is full, v a passage token and w the token after it in the passage; the loss is 
 Uniform over the vocabulary scores ln V; knowing only that w is one of the passage's tokens,
 ln P; copying, 0. Not a timing: run it alone or beside anything.
 
-    python bench/probe_copy.py                      # V 1000, P 20 and 5, 600 steps, both models
-    python bench/probe_copy.py --small              # seconds: 20 steps, V 100
+    python -m bench.probe_copy                      # V 1000, P 20 and 5, 500 steps, both models (~30 min)
+    python -m bench.probe_copy --small              # a smoke run: 20 steps, V 100
 """
 
 from __future__ import annotations
 
 import argparse
 import math
-import sys
 import time
 from pathlib import Path
 
@@ -30,14 +29,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-if __package__ in (None, ""):  # `python bench/probe_copy.py`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.common import RESULTS, machine_info, versions, write_result  # noqa: E402
-from selfrag_jax.models.config import LlamaConfig  # noqa: E402
-from selfrag_jax.models.llama import Llama, init_params  # noqa: E402
-from selfrag_jax.training.config import load_config  # noqa: E402
-from selfrag_jax.training.trainer import cross_entropy, make_optimizer  # noqa: E402
+from bench.common import RESULTS, machine_info, versions, write_result
+from selfrag_jax.models.config import LlamaConfig
+from selfrag_jax.models.llama import Llama, init_params
+from selfrag_jax.training.config import load_config
+from selfrag_jax.training.trainer import cross_entropy, make_optimizer
 
 BOS, SEP, FIRST = 1, 3, 10  # ids below FIRST are never drawn as passage tokens
 BASE = Path(__file__).resolve().parents[1] / "configs" / "default" / "base.yaml"
@@ -133,7 +129,7 @@ def train(name: str, params, apply, tx: optax.GradientTransformation, args, pass
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--steps", type=int, default=600)
+    ap.add_argument("--steps", type=int, default=500)
     ap.add_argument("--vocab", type=int, default=1000)
     ap.add_argument("--passages", default="20,5", help="passage lengths P, comma-separated [20,5]")
     ap.add_argument("--models", default="llama,reference")
