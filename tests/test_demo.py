@@ -140,8 +140,9 @@ def test_demo_retrain_evaluates_the_shipped_models_in_a_second_process(tmp_path,
 
 
 def test_induction_probe_scores_a_perfect_copier_one():
-    """The induction probe's rows repeat name pieces, never control tokens; its scoring gives
-    a model that predicts every next token 1.0 on the second copy, and uniform logits none."""
+    """The induction probe's rows repeat name pieces, never control tokens, glued or as words;
+    its scoring gives a model that predicts every next piece 1.0 on the second copy, and
+    uniform logits none."""
     import numpy as np
 
     from selfrag_jax.demo.pipeline import ASSETS
@@ -159,6 +160,22 @@ def test_induction_probe_scores_a_perfect_copier_one():
     assert scores["second_accuracy"] == 1.0 and scores["first_loss"] < 1e-6 and scores["second_loss"] < 1e-6
     uniform = copy_scores(np.zeros((3, 20, tok.vocab_size), np.float32), x, 10)
     assert abs(uniform["second_loss"] - np.log(tok.vocab_size)) < 1e-4 and uniform["second_accuracy"] == 0.0
-    shipped = induction_accuracy(ASSETS_CRITIC, rows=4, length=12)
-    assert set(shipped) == {"first_loss", "second_loss", "second_accuracy", "rows", "length"}
-    assert 0 <= shipped["second_accuracy"] <= 1
+    # as words: the text of a repeat document, exactly as the tokenizer encodes it; only the
+    # pieces are scored (a copier that gets every space wrong still scores 1.0)
+    w = repeat_rows(tok, rows=3, length=10, seed=1, spaced=True)
+    assert w.shape == (3, 40) and (w[:, 1:20] == w[:, 21:]).all() and (w[:, 1:20:2] == x[:, 1:11]).all()
+    for row in w:
+        text = tok.decode(row[1:].tolist())
+        first = text.split("\n")[0]
+        assert text == first + "\n" + first and len(first.split(" ")) == 10
+        assert tok.encode_text(text) == row[1:].tolist()
+    perfect = np.eye(tok.vocab_size, dtype=np.float32)[w[:, 1:]] * 50.0
+    perfect[:, 21::2] = 0.0  # wrong about every space of the second copy
+    scores = copy_scores(perfect, w, 10, spaced=True)
+    assert scores["second_accuracy"] == 1.0 and scores["first_loss"] < 1e-6 and scores["second_loss"] < 1e-6
+    uniform = copy_scores(np.zeros((3, 39, tok.vocab_size), np.float32), w, 10, spaced=True)
+    assert abs(uniform["first_loss"] - np.log(tok.vocab_size)) < 1e-4 and uniform["second_accuracy"] == 0.0
+    for spaced in (False, True):
+        shipped = induction_accuracy(ASSETS_CRITIC, rows=4, length=12, spaced=spaced)
+        assert set(shipped) == {"first_loss", "second_loss", "second_accuracy", "rows", "length", "spaced"}
+        assert 0 <= shipped["second_accuracy"] <= 1 and shipped["spaced"] == spaced

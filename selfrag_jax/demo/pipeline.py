@@ -113,11 +113,13 @@ class Stages:
         result = reading_accuracy(self.out / "anneal2", self.out / "world", n=200)
         result["relevance"] = relevance_accuracy(self.out / "anneal2", self.out / "world", n=200)
         result["induction"] = induction_accuracy(self.out / "anneal2")
+        result["induction_spaced"] = induction_accuracy(self.out / "anneal2", spaced=True)
         self.log(f"base model, held-out questions: {result['with_passage']:.2f} match with the gold passage, "
                  f"{result['closed_book']:.2f} without; \"I don't know.\" to look-alike / lacking / own passages: " +
                  ", ".join(f"{k} {v['refused_lookalike']:.2f} / {v['refused_lacking']:.2f} / {v['refused_own']:.2f}"
                            for k, v in result["relevance"].items() if k != "n") +
-                 f"; a repeated random sequence's second copy predicted {result['induction']['second_accuracy']:.2f}")
+                 f"; a repeated random sequence's second copy predicted {result['induction']['second_accuracy']:.2f}"
+                 f" (as words: {result['induction_spaced']['second_accuracy']:.2f})")
         return result
 
     def annotate(self):

@@ -128,39 +128,54 @@ def relevance_accuracy(model_dir: str | Path, world_dir: str | Path, n: int = 20
     return out
 
 
-def repeat_rows(tok, rows: int, length: int, seed: int = 0) -> np.ndarray:
-    """[rows, 1 + 2 * length]: BOS, then `length` name pieces of the world's vocabulary drawn at
-    random (capitalised alphabetic tokens, never a control token), then the same pieces again."""
+def repeat_rows(tok, rows: int, length: int, seed: int = 0, spaced: bool = False) -> np.ndarray:
+    """BOS, then `length` name pieces of the world's vocabulary drawn at random (capitalised
+    alphabetic tokens, never a control token), then the same pieces again: [rows, 1 + 2 *
+    length]. `spaced`: the pieces as words, a space token between them and a newline between
+    the copies (the text "P1 P2 .. Pn\nP1 P2 .. Pn", as a pretraining document of repeats
+    reads): [rows, 1 + 2 * (2 * length - 1) + 1]."""
     pool = [i for i in range(tok.vocab_size) if i not in tok.forbidden_in_text
             and (piece := tok.decode([i], skip_control=False)).isalpha() and piece[0].isupper() and len(piece) > 2]
     seq = np.random.default_rng(seed).choice(np.asarray(pool), (rows, length))
-    return np.concatenate([np.full((rows, 1), tok.bos_id), seq, seq], 1).astype(np.int32)
+    bos = np.full((rows, 1), tok.bos_id)
+    if not spaced:
+        return np.concatenate([bos, seq, seq], 1).astype(np.int32)
+    (space,), (newline,) = tok.encode_text(" "), tok.encode_text("\n")
+    words = np.full((rows, 2 * length - 1), space)
+    words[:, ::2] = seq
+    return np.concatenate([bos, words, np.full((rows, 1), newline), words], 1).astype(np.int32)
 
 
-def induction_accuracy(model_dir: str | Path, rows: int = 32, length: int = 40, seed: int = 0) -> dict:
+def induction_accuracy(model_dir: str | Path, rows: int = 32, length: int = 40, seed: int = 0,
+                       spaced: bool = False) -> dict:
     """Does the model copy by content? Random name pieces, then the same pieces again: a model
     with induction heads predicts the second copy from the first (pretrained LMs do: Olsson et
     al., 2022), one that reads only by attribute keys predicts neither. {"first_loss",
-    "second_loss": mean next-token loss on each copy, "second_accuracy": greedy next-token
-    accuracy on the second copy, its first token excepted}."""
+    "second_loss": mean next-token loss on each copy's name pieces, "second_accuracy": greedy
+    next-token accuracy on the second copy's, its first piece excepted}. The plain rows
+    (pieces glued together) are text no document has; `spaced` rows are the world's repeat
+    documents' form (`repeat_rows`)."""
     from selfrag_jax.models.llama import Llama
 
     config, params, tok = _load(model_dir)
-    x = repeat_rows(tok, rows, length, seed)
+    x = repeat_rows(tok, rows, length, seed, spaced)
     logits, _ = Llama(config).apply({"params": params}, jnp.asarray(x[:, :-1]))
-    return {**copy_scores(logits, x, length), "rows": rows, "length": length}
+    return {**copy_scores(logits, x, length, spaced), "rows": rows, "length": length, "spaced": spaced}
 
 
-def copy_scores(logits, x: np.ndarray, length: int) -> dict:
-    """Scores of `repeat_rows` rows from logits [rows, 2 * length, vocab] at positions 0.. of
-    x[:, :-1]. Position t predicts x[t + 1]: the first copy's tokens after its first are
-    x[2:length + 1], the second copy's x[length + 2:] (its first token cannot be copied)."""
+def copy_scores(logits, x: np.ndarray, length: int, spaced: bool = False) -> dict:
+    """Scores of `repeat_rows` rows from logits at positions 0.. of x[:, :-1] (position t
+    predicts x[t + 1]). Only name pieces after each copy's first are scored: the first piece of
+    the second copy cannot be copied, and a spaced row's space tokens say nothing."""
     from selfrag_jax.training.trainer import cross_entropy
 
+    span, sep, stride = (2 * length - 1, 1, 2) if spaced else (length, 0, 1)
+    pieces = np.arange(stride, span, stride)  # offsets of the scored pieces inside a copy
+    first, second = 1 + pieces, 1 + span + sep + pieces  # their indices in x
     nll = np.asarray(cross_entropy(jnp.asarray(logits), jnp.asarray(x[:, 1:])))
     guess = np.asarray(jnp.argmax(logits, -1))
-    return {"first_loss": float(nll[:, 1:length].mean()), "second_loss": float(nll[:, length + 1:].mean()),
-            "second_accuracy": float((guess[:, length + 1:] == x[:, length + 2:]).mean())}
+    return {"first_loss": float(nll[:, first - 1].mean()), "second_loss": float(nll[:, second - 1].mean()),
+            "second_accuracy": float((guess[:, second - 1] == x[:, second]).mean())}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -173,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     result = {"reading": reading_accuracy(args.model, args.world, args.n),
               "relevance": relevance_accuracy(args.model, args.world, args.n),
-              "induction": induction_accuracy(args.model)}
+              "induction": induction_accuracy(args.model),
+              "induction_spaced": induction_accuracy(args.model, spaced=True)}
     print(json.dumps(result, indent=1))
     return 0
 
