@@ -225,6 +225,19 @@ def test_mixture_rates_per_critic_type_and_unknown_keys(tmp_path):
     cfg = load_config(None, ["data.task=critic", f"data.train_files=[{path}]", "data.mixture_rates={isrle: 2}"])
     with pytest.raises(ValueError, match=r"data\.mixture_rates: unknown key\(s\) \['isrle'\]"):
         make_data(cfg, tok, MODEL)
+    # pretraining files are weighted by their stem; a stem of no train file is an unknown key
+    texts = []
+    for name in ("pretrain", "repeat"):
+        texts.append(tmp_path / f"{name}.jsonl")
+        texts[-1].write_text("".join(json.dumps({"text": f"{name} {i}"}) + "\n" for i in range(8)))
+    files = f"data.train_files=[{texts[0]}, {texts[1]}]"
+    cfg = load_config(None, ["data.task=pretrain", files, "data.seq_len=64", "global_batch_size=4",
+                             "data.mixture_rates={repeat: 0.25}"])
+    stream, _ = make_data(cfg, tok, MODEL)
+    assert [(t.path, t.rate) for t in stream.cfg.tasks] == [(str(texts[0]), 1.0), (str(texts[1]), 0.25)]
+    cfg = load_config(None, ["data.task=pretrain", files, "data.mixture_rates={anneal: 2}"])
+    with pytest.raises(ValueError, match=r"unknown key\(s\) \['anneal'\].*train files' stems"):
+        make_data(cfg, tok, MODEL)
 
 
 @pytest.mark.slow

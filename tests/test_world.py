@@ -21,12 +21,13 @@ from selfrag_jax.world.pretrain import PretrainConfig
 SMALL = WorldConfig(seed=3, n_people=400, n_ghosts=80, n_generator=1500, n_raw=400, n_critic_per_type=120,
                     n_practice_people=300, n_raw_practice=300, n_critic_practice_per_type=60,
                     vocab_size=1500, pretrain=PretrainConfig(n_lookups=400, n_reading=400, n_fresh_reading=1500, n_no_retrieval=100,
-                                            n_anneal_reading=300, n_relevance=300),
+                                            n_anneal_reading=300, n_relevance=300, n_repeat=300),
                     n_eval_factcheck=40, n_eval_mc=40, n_eval_longform=20, n_eval_no_retrieval=20)
 RECORD_KEYS = ["instruction", "input", "output", "id", "dataset_name"]
 TRAINING_FILES = ("train/generator.jsonl", "train/generator_meta.jsonl", "train/raw.jsonl", "train/raw_meta.jsonl",
                   "train/critic.jsonl", "train/practice_raw.jsonl", "train/practice_passages.jsonl",
-                  "pretrain.jsonl", "anneal.jsonl", "relevance.jsonl", "relevance_forms.jsonl", "tokenizer/tokenizer.json")
+                  "pretrain.jsonl", "anneal.jsonl", "relevance.jsonl", "relevance_forms.jsonl", "repeat.jsonl",
+                  "tokenizer/tokenizer.json")
 
 
 @pytest.fixture(scope="module")
@@ -308,6 +309,24 @@ def test_pretrain_text_has_passages_and_lookups(built):
     texts = [r["text"] for r in load(out, "pretrain.jsonl")]
     assert any("\nQuestion: " in t for t in texts)  # reading: passage, then a question about it
     assert any(t.startswith("Question: ") for t in texts)
+
+
+def test_repeat_docs_say_the_same_training_names_twice(built):
+    """Only copying predicts a repeat document's second half: random words of the world's
+    training names, the same words again; the tokenizer is trained without them."""
+    out, manifest = built
+    texts = [r["text"] for r in load(out, manifest["repeat"])]
+    assert len(texts) == 300
+    lines = [t.split("\n") for t in texts]
+    assert all(len(ls) == 2 and ls[0] == ls[1] for ls in lines)
+    lengths = [len(ls[0].split(" ")) for ls in lines]
+    assert min(lengths) >= 10 and max(lengths) <= 40 and len(set(lengths)) > 10
+    words = collections.Counter(w for ls in lines for w in ls[0].split(" "))
+    assert len(words) > 200 and all(w[:1].isupper() and w.isalpha() for w in words)
+    names = {w for e in load(out, "entities.jsonl") if e["split"] != "heldout" for w in e["name"].split()}
+    assert set(words) <= names
+    starts = [ls[0].split(" ")[:3] for ls in lines]
+    assert len({tuple(s) for s in starts}) == len(starts)  # no two documents alike
 
 
 def test_tokenizer_loads_round_trips_and_keeps_values_identical(built):

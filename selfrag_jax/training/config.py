@@ -32,6 +32,8 @@ class DataSection:
     train_files: list[str] = field(default_factory=list)
     eval_files: list[str] = field(default_factory=list)
     critic_files: list[str] = field(default_factory=list)  # for task=mixture
+    # Task weights by name: generator, critic, a critic type (isrel ..) or, for task pretrain,
+    # a train file's stem (repeat: 0.25 draws repeat.jsonl's documents a quarter as often)
     mixture_rates: dict[str, float] = field(default_factory=dict)
     masking: str = "paper"  # paper | released
     prompt_off_by_one: bool = False

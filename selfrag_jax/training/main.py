@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import jax
 
@@ -29,10 +30,11 @@ def make_data(cfg, tokenizer, model_config, split: str = "train"):
     if not files:
         raise ValueError(f"data.{split}_files is empty")
     rates = d.mixture_rates
-    unknown = sorted(set(rates) - {"generator", "critic", *D.CRITIC_TYPES})
+    stems = [Path(f).stem for f in files] if d.task == "pretrain" else []
+    unknown = sorted(set(rates) - {"generator", "critic", *D.CRITIC_TYPES, *stems})
     if unknown:
-        raise ValueError(f"data.mixture_rates: unknown key(s) {unknown}; keys are generator, critic and the "
-                         f"critic types {list(D.CRITIC_TYPES)}")
+        raise ValueError(f"data.mixture_rates: unknown key(s) {unknown}; keys are generator, critic, the "
+                         f"critic types {list(D.CRITIC_TYPES)} and, for task pretrain, the train files' stems")
     tasks: list = []
     for i, path in enumerate(files):
         if d.task in ("generator", "mixture"):
@@ -40,7 +42,7 @@ def make_data(cfg, tokenizer, model_config, split: str = "train"):
         elif d.task == "critic":
             tasks.extend(D.critic_tasks(path, prefix=f"critic{i}", type_rates=rates))
         elif d.task == "pretrain":
-            tasks.append(D.TaskSpec(f"text{i}", str(path), "text"))
+            tasks.append(D.TaskSpec(f"text{i}", str(path), "text", rate=rates.get(Path(path).stem, 1.0)))
         else:
             raise ValueError(f"data.task={d.task!r} must be generator, critic, mixture, pretrain or synthetic")
     if d.task == "mixture":

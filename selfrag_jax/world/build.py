@@ -19,7 +19,7 @@ from .critic_data import INSTRUCTIONS, make_critic_records
 from .generator_data import GeneratorConfig, make_generator_example
 from .kb import KnowledgeBase
 from .passages import write_jsonl
-from .pretrain import PretrainConfig, anneal_texts, pretrain_texts, relevance_texts
+from .pretrain import PretrainConfig, anneal_texts, pretrain_texts, relevance_texts, repeat_texts
 from .tasks import QUESTIONS, REFUSAL, Task, TaskMaker
 from .tokenizer import train_tokenizer
 
@@ -181,11 +181,12 @@ def write_training_data(world: World, cfg: WorldConfig, out_dir: str, put) -> di
     put("anneal.jsonl", ({"text": t} for t in anneal_texts(world, cfg.seed, cfg.pretrain)))
     put("relevance.jsonl", ({"text": t} for t in relevance_texts(world, cfg.seed, cfg.pretrain)))
     put("relevance_forms.jsonl", ({"text": t} for t in relevance_texts(world, cfg.seed, cfg.pretrain, all_forms=True)))
+    put("repeat.jsonl", ({"text": t} for t in repeat_texts(world, cfg.seed, cfg.pretrain)))
 
     # The tokenizer sees training text only: held-out names stay unseen by every trained part.
     tok_texts = pretrain + [f"{t.instruction}\n{t.answer}" for t in raw] + list(INSTRUCTIONS.values())
     train_tokenizer(tok_texts, os.path.join(out_dir, "tokenizer"), cfg.vocab_size)
-    return {"pretrain": "pretrain.jsonl", "anneal": "anneal.jsonl", "relevance": "relevance.jsonl", "relevance_forms": "relevance_forms.jsonl", "generator": "train/generator.jsonl", "raw": "train/raw.jsonl",
+    return {"pretrain": "pretrain.jsonl", "anneal": "anneal.jsonl", "relevance": "relevance.jsonl", "relevance_forms": "relevance_forms.jsonl", "repeat": "repeat.jsonl", "generator": "train/generator.jsonl", "raw": "train/raw.jsonl",
             "practice": {"passages": "train/practice_passages.jsonl", "raw": "train/practice_raw.jsonl",
                          "people": len(practice.kb.people)},
             "critic": "train/critic.jsonl", "tokenizer": "tokenizer"}

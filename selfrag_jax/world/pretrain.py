@@ -51,6 +51,13 @@ class PretrainConfig:
     # 0.873 from the v5 base with the same critics), so the shipped models keep 0.5 / 0.0.
     relevance_forms_lookalike_share: float = 0.5
     relevance_forms_lacking_share: float = 0.0  # of all documents; people with one passage have no lacking case (~12% in all)
+    # The repeat set (`repeat.jsonl`): 10-40 of the world's name words in random order, a
+    # newline, the same words again. Only copying by content predicts the second half, the
+    # skill a critic needs to tell a passage that states the answer's value from one that
+    # states another (IsSup), and one the world's text alone never formed in the base
+    # (assets/default/README.md, "Induction heads").
+    n_repeat: int = 20000
+    repeat_words: tuple[int, int] = (10, 40)
 
 
 def qa_text(q: str, a: str) -> str:
@@ -173,6 +180,20 @@ def relevance_texts(world: World, seed: int, cfg: PretrainConfig, all_forms: boo
         forms, lookalike, lacking = RELEVANCE_FORMS[:1], cfg.relevance_lookalike_share, 0.0
     return _fresh_docs(world, seed + 7_000_003, random.Random(seed * 7 + 17), cfg.n_relevance,
                        lambda w, p, rng: relevance_doc(w, p, rng, p.split, lookalike, forms, lacking))
+
+
+def repeat_texts(world: World, seed: int, cfg: PretrainConfig) -> list[str]:
+    """The repeat documents: words of the training people's names and of places and
+    organisations (held-out names stay unseen), drawn with replacement."""
+    train = world.kb.train_people
+    words = sorted({w for name in [*(p.name for p in train), *(pl.name for pl in world.kb.places),
+                                   *(o.name for o in world.kb.orgs)] for w in name.split() if w[:1].isupper()})
+    rng, (lo, hi) = random.Random(seed * 7 + 19), cfg.repeat_words
+    docs = []
+    for _ in range(cfg.n_repeat):
+        line = " ".join(rng.choice(words) for _ in range(rng.randint(lo, hi)))
+        docs.append(f"{line}\n{line}")
+    return docs
 
 
 def _fresh_docs(world: World, kb_seed: int, rng: random.Random, n: int, doc) -> list[str]:
