@@ -1,5 +1,6 @@
 """bench/probe_copy.py: its rows ask exactly what it says (w follows v in the passage, the
-loss on w alone), and both of its models start at the uniform loss it plots as ln V."""
+loss on w alone), and both of its models start at the uniform loss it plots as ln V.
+bench/induction_curve.py: the induction probe at every checkpoint of a run."""
 
 from __future__ import annotations
 
@@ -46,3 +47,28 @@ def test_first_steps_ask_with_the_curriculum_passage():
     curve = train("reference", params, apply, optax.adamw(1e-3), args, passage=8, log=lines.append)
     assert [c[0] for c in curve] == [0, 1, 2, 3, 4]
     assert [line.split()[1] for line in lines] == ["P=3]", "P=3]", "P=8]", "P=8]"]
+
+
+def test_induction_curve_walks_a_runs_checkpoints(tmp_path):
+    """bench/induction_curve.py: one point per kept checkpoint, in step order, both probe forms,
+    a results file with its summary row, and a plot; a folder without checkpoints is named."""
+    import json
+
+    import pytest
+
+    from bench.induction_curve import main
+    from selfrag_jax.demo.pipeline import ASSETS
+
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    for step in (200, 100):  # the exported critic stands in for two checkpoints
+        (run / "checkpoints" / str(step)).symlink_to(ASSETS / "critic", target_is_directory=True)
+    result = main([f"{run}=shipped critic", "--rows", "3", "--length", "8", "--results", str(tmp_path)])
+    points = result["curves"]["shipped critic"]
+    assert [p["step"] for p in points] == [100, 200] and points[0] == {**points[1], "step": 100}
+    assert all(0 <= p["words"] <= 1 and 0 <= p["glued"] <= 1 for p in points)
+    saved = json.loads((tmp_path / "induction_curve.json").read_text())
+    assert saved["summary"][0]["what"].startswith("induction probe, shipped critic")
+    assert (tmp_path / "induction_curve.png").stat().st_size > 1000
+    with pytest.raises(FileNotFoundError, match="no checkpoints/ folder"):
+        main([str(tmp_path / "nothing")])
