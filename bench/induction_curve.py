@@ -2,8 +2,8 @@
 
 Why: the IsSup account in `selfrag_jax/assets/default/README.md` turns on whether a base
 model copies by content, and that skill arrives as a phase change (Olsson et al., 2022): the
-second copy of a random sequence goes from unpredicted to predicted within a few hundred
-steps. This walks a run's kept checkpoints (train with `checkpoint.keep` large enough) and
+second copy of a random sequence goes from unpredicted to predicted in a short window of
+training. This walks a run's kept checkpoints (train with `checkpoint.keep` large enough) and
 scores each on 32 rows of 40 random name pieces said twice, as words (the repeat documents'
 form, `repeat_rows(spaced=True)`) and glued together (text no document has), then plots the
 second copy's greedy accuracy against the step, one colour per run. Not a timing.
