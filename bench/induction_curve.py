@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from bench.common import RESULTS, machine_info, versions, write_result
-from selfrag_jax.demo.probe import induction_accuracy
+from selfrag_jax.demo.probe import induction_accuracy, probe_model
 
 
 def checkpoint_steps(run_dir: str | Path) -> list[int]:
@@ -33,9 +33,9 @@ def curve(run_dir: str | Path, rows: int = 32, length: int = 40, log=print) -> l
     checkpoint, in step order."""
     out, steps, start = [], checkpoint_steps(run_dir), time.time()
     for i, step in enumerate(steps):
-        path = Path(run_dir) / "checkpoints" / str(step)
-        words = induction_accuracy(path, rows, length, spaced=True)
-        glued = induction_accuracy(path, rows, length)
+        model = probe_model(Path(run_dir) / "checkpoints" / str(step))  # read once, probed both ways
+        words = induction_accuracy(model, rows, length, spaced=True)
+        glued = induction_accuracy(model, rows, length)
         out.append({"step": step, "words": words["second_accuracy"], "glued": glued["second_accuracy"],
                     "words_loss": [words["first_loss"], words["second_loss"]]})
         rate = (time.time() - start) / (i + 1)

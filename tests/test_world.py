@@ -313,7 +313,7 @@ def test_pretrain_text_has_passages_and_lookups(built):
 
 def test_repeat_docs_say_the_same_training_names_twice(built):
     """Only copying predicts a repeat document's second half: random words of the world's
-    training names, the same words again; the tokenizer is trained without them."""
+    training names, the same words again."""
     out, manifest = built
     texts = [r["text"] for r in load(out, manifest["repeat"])]
     assert len(texts) == 300

@@ -108,12 +108,13 @@ class Stages:
     def base_reading(self):
         """How well the annealed base reads held-out passages, matches their names and copies by
         content: what the critic and the generator can build on."""
-        from selfrag_jax.demo.probe import induction_accuracy, reading_accuracy, relevance_accuracy
+        from selfrag_jax.demo.probe import induction_accuracy, probe_model, reading_accuracy, relevance_accuracy
 
-        result = reading_accuracy(self.out / "anneal2", self.out / "world", n=200)
-        result["relevance"] = relevance_accuracy(self.out / "anneal2", self.out / "world", n=200)
-        result["induction"] = induction_accuracy(self.out / "anneal2")
-        result["induction_spaced"] = induction_accuracy(self.out / "anneal2", spaced=True)
+        base = probe_model(self.out / "anneal2")  # read once, probed four ways
+        result = reading_accuracy(base, self.out / "world", n=200)
+        result["relevance"] = relevance_accuracy(base, self.out / "world", n=200)
+        result["induction"] = induction_accuracy(base)
+        result["induction_spaced"] = induction_accuracy(base, spaced=True)
         self.log(f"base model, held-out questions: {result['with_passage']:.2f} match with the gold passage, "
                  f"{result['closed_book']:.2f} without; \"I don't know.\" to look-alike / lacking / own passages: " +
                  ", ".join(f"{k} {v['refused_lookalike']:.2f} / {v['refused_lacking']:.2f} / {v['refused_own']:.2f}"

@@ -52,19 +52,23 @@ def _greedy_lines(model, prompts: list[str], batch_size: int, max_new_tokens: in
     return lines
 
 
-def _load(model_dir):
+def probe_model(model):
+    """(config, params, tokenizer) of a checkpoint folder; an already loaded triple as it is,
+    so a caller probing one model several ways reads it once."""
+    if isinstance(model, tuple):
+        return model
     from selfrag_jax.models.checkpoint import load_model
 
-    config, params, tok, _ = load_model(model_dir)
+    config, params, tok, _ = load_model(model)
     return config, params, tok
 
 
-def reading_accuracy(model_dir: str | Path, world_dir: str | Path, n: int = 200, batch_size: int = 50,
+def reading_accuracy(model_dir: str | Path | tuple, world_dir: str | Path, n: int = 200, batch_size: int = 50,
                      max_new_tokens: int = 12) -> dict:
     """{"with_passage": match rate, "closed_book": match rate, "n": questions, "examples": [...]}."""
     from selfrag_jax.evaluation.metrics import match
 
-    model = _load(model_dir)
+    model = probe_model(model_dir)
     reading, closed, answers = reading_prompts(world_dir, n)
     out: dict = {"n": len(answers), "examples": []}
     for key, prompts in (("with_passage", reading), ("closed_book", closed)):
@@ -84,7 +88,7 @@ RELEVANCE_FORMS = {name: form.format(q="{q}", p="{p}", a="")
                    for name, form in zip(("question", "evidence"), PRETRAIN_RELEVANCE_FORMS)}
 
 
-def relevance_accuracy(model_dir: str | Path, world_dir: str | Path, n: int = 200, batch_size: int = 50,
+def relevance_accuracy(model_dir: str | Path | tuple, world_dir: str | Path, n: int = 200, batch_size: int = 50,
                        max_new_tokens: int = 12, forms: dict[str, str] = RELEVANCE_FORMS) -> dict:
     """Does the base model match the question's name to the passage's, question first (the
     order of the critic's and the generator's input)? Held-out factual questions, each once
@@ -112,7 +116,7 @@ def relevance_accuracy(model_dir: str | Path, world_dir: str | Path, n: int = 20
         missing = world.passage_without(person, r["meta"]["attributes"][0])
         if missing is not None:  # one-passage people have no lacking case
             lacking.append((r["question"], missing))
-    model, out = _load(model_dir), {"n": len(records)}
+    model, out = probe_model(model_dir), {"n": len(records)}
     rate = lambda hits, of: sum(hits) / max(len(of), 1)  # noqa: E731
     for name, form in forms.items():
         # all three sets in one generation call: one compiled shape, fewer dispatches
@@ -146,7 +150,7 @@ def repeat_rows(tok, rows: int, length: int, seed: int = 0, spaced: bool = False
     return np.concatenate([bos, words, np.full((rows, 1), newline), words], 1).astype(np.int32)
 
 
-def induction_accuracy(model_dir: str | Path, rows: int = 32, length: int = 40, seed: int = 0,
+def induction_accuracy(model_dir: str | Path | tuple, rows: int = 32, length: int = 40, seed: int = 0,
                        spaced: bool = False) -> dict:
     """Does the model copy by content? Random name pieces, then the same pieces again: a model
     with induction heads predicts the second copy from the first (pretrained LMs do: Olsson et
@@ -157,7 +161,7 @@ def induction_accuracy(model_dir: str | Path, rows: int = 32, length: int = 40, 
     documents' form (`repeat_rows`)."""
     from selfrag_jax.models.llama import Llama
 
-    config, params, tok = _load(model_dir)
+    config, params, tok = probe_model(model_dir)
     x = repeat_rows(tok, rows, length, seed, spaced)
     logits, _ = Llama(config).apply({"params": params}, jnp.asarray(x[:, :-1]))
     return {**copy_scores(logits, x, length, spaced), "rows": rows, "length": length, "spaced": spaced}
@@ -186,10 +190,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("world", help="world folder (passages.jsonl, eval/world_qa.jsonl)")
     parser.add_argument("--n", type=int, default=200)
     args = parser.parse_args(argv)
-    result = {"reading": reading_accuracy(args.model, args.world, args.n),
-              "relevance": relevance_accuracy(args.model, args.world, args.n),
-              "induction": induction_accuracy(args.model),
-              "induction_spaced": induction_accuracy(args.model, spaced=True)}
+    model = probe_model(args.model)
+    result = {"reading": reading_accuracy(model, args.world, args.n),
+              "relevance": relevance_accuracy(model, args.world, args.n),
+              "induction": induction_accuracy(model), "induction_spaced": induction_accuracy(model, spaced=True)}
     print(json.dumps(result, indent=1))
     return 0
 

@@ -42,7 +42,7 @@ def make_data(cfg, tokenizer, model_config, split: str = "train"):
         elif d.task == "critic":
             tasks.extend(D.critic_tasks(path, prefix=f"critic{i}", type_rates=rates))
         elif d.task == "pretrain":
-            tasks.append(D.TaskSpec(f"text{i}", str(path), "text", rate=rates.get(Path(path).stem, 1.0)))
+            tasks.append(D.TaskSpec(f"text{i}", str(path), "text", rate=rates.get(stems[i], 1.0)))
         else:
             raise ValueError(f"data.task={d.task!r} must be generator, critic, mixture, pretrain or synthetic")
     if d.task == "mixture":

@@ -185,8 +185,7 @@ def relevance_texts(world: World, seed: int, cfg: PretrainConfig, all_forms: boo
 def repeat_texts(world: World, seed: int, cfg: PretrainConfig) -> list[str]:
     """The repeat documents: words of the training people's names and of places and
     organisations (held-out names stay unseen), drawn with replacement."""
-    train = world.kb.train_people
-    words = sorted({w for name in [*(p.name for p in train), *(pl.name for pl in world.kb.places),
+    words = sorted({w for name in [*(p.name for p in world.kb.train_people), *(pl.name for pl in world.kb.places),
                                    *(o.name for o in world.kb.orgs)] for w in name.split() if w[:1].isupper()})
     rng, (lo, hi) = random.Random(seed * 7 + 19), cfg.repeat_words
     docs = []
