@@ -20,6 +20,21 @@ def test_parse_label(kind, text, label):
     assert parse_label(kind, text) == label
 
 
+@pytest.mark.parametrize("text,output,label", [
+    ("Answer: Teirwick\n[No support / Contradictory]", "Teirwick", T.FULLY_SUPPORTED),  # the reading decides
+    ("Answer: teirwick.", "Teirwick", T.FULLY_SUPPORTED),
+    ("Answer: Sakav Works, 1865\n", "1865, Sakav Works", T.FULLY_SUPPORTED),
+    ("Answer: Sakav Works", "Sakav Works, 1865", T.PARTIALLY_SUPPORTED),
+    ("Answer: 1841\n[Fully supported]", "1865", T.NO_SUPPORT),
+    ("Answer: I don't know.\n[Fully supported]", "1865", T.NO_SUPPORT),
+    ("Answer: I don't know.", "I don't know.", T.NO_SUPPORT),  # a refusal is never supported by a passage
+    ("[Partially supported]", "1865", T.PARTIALLY_SUPPORTED),  # no reading line: the label, as before
+])
+def test_issup_decided_by_the_critics_reading(text, output, label):
+    assert parse_label("issup", text, output) == label
+    assert parse_label("isrel", "Answer: x\n[Relevant]", "x") == T.RELEVANT  # only IsSup reads
+
+
 def test_split_sentences():
     assert split_sentences("A b. C d? E!") == ["A b.", "C d?", "E!"]
     assert split_sentences("no stop") == ["no stop"]
@@ -98,3 +113,18 @@ def test_irrelevant_share_keeps_a_critic_rejected_passage():
     assert T.RELEVANT + "Ana is a baker." in out[0]["output"] and report["irrelevant_segments"] == 0
     with pytest.raises(ValueError, match="irrelevant_share"):
         annotate(records, ScriptedCritic(), ScriptedRetriever(), irrelevant_share=1.5)
+
+
+def test_annotation_decides_issup_by_a_reading_critics_answer_line():
+    """A critic that writes reading lines: the passage whose reading equals the sentence wins,
+    whatever label the critic wrote after it (annotation passes each sentence to the critic)."""
+    class Reader(ScriptedCritic):
+        def generate(self, prompts):
+            return [("Answer: Rom\n[No support / Contradictory]" if "GOOD" in p else "Answer: Lis\n[Fully supported]")
+                    if "Does the evidence support" in p else t for p, t in zip(prompts, super().generate(prompts))]
+
+    out, report = annotate([{"instruction": "Where does Ana live?", "input": "", "output": "Rom", "id": "x"}], Reader(),
+                           ScriptedRetriever(), ndocs=3)
+    assert out[0]["output"].startswith(T.RETRIEVAL + T.PARAGRAPH_OPEN + "Good\nGOOD text")
+    assert T.FULLY_SUPPORTED in out[0]["output"]
+    assert report["labels"]["issup"] == {T.NO_SUPPORT: 2, T.FULLY_SUPPORTED: 1}

@@ -298,6 +298,30 @@ def test_critic_data_is_balanced_per_type(built):
     assert any(r["output"] == PARTIALLY_SUPPORTED for r in records)
 
 
+def test_issup_reading_lines_decide_every_short_answer_label_and_change_nothing_else():
+    """With issup_reading, the `Answer:` line of ground truth, compared with the output by
+    annotation's rule, gives back the example's own label; inputs, labels and the other types
+    stay those of the paper's form (the shipped world's data is unchanged without the flag)."""
+    from selfrag_jax.data.annotate import read_support
+    from selfrag_jax.world.critic_data import issup_output, make_critic_records
+
+    world = make_world(seed=3, n_people=400, n_ghosts=80)
+    plain = make_critic_records(world, 300, seed=2)
+    read = make_critic_records(world, 300, seed=2, issup_reading=True)
+    checked = collections.Counter()
+    for a, b in zip(plain, read):
+        assert a["input"] == b["input"] and a["id"] == b["id"]
+        if b["output"] == a["output"]:
+            assert a["dataset_name"] != "critic_issup" or "\nOutput: " in a["input"] and "Answer:" not in b["output"]
+            continue
+        line, label = b["output"].split("\n")
+        assert a["dataset_name"] == "critic_issup" and label == a["output"] and line.startswith("Answer: ")
+        assert read_support(line, issup_output(a["input"])) == label
+        checked[label] += 1
+    assert set(checked) == set(LABELS["issup"]) and min(checked.values()) > 30, checked
+    assert any("I don't know." in r["output"] for r in read)
+
+
 def test_unanswerable_training_examples_refuse(built):
     out, _ = built
     rows = [r for r in load(out, "train/generator.jsonl") if r["dataset_name"] == "world_unanswerable"]

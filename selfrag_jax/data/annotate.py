@@ -37,9 +37,33 @@ SAFE_DEFAULT = {"retrieve_input": T.RETRIEVAL, "retrieve_sentence": T.RETRIEVAL,
                 "issup": T.NO_SUPPORT, "isuse": "[Utility:3]"}
 
 
-def parse_label(kind: str, text: str) -> str | None:
-    """The critic's free text -> one of the type's label strings, or None if unreadable."""
+def _norm(value: str) -> str:
+    return " ".join(value.lower().strip().rstrip(".").split())
+
+
+def read_support(text: str, output: str) -> str | None:
+    """IsSup decided from the critic's reading (beyond the paper; world.critic_data's
+    docstring): each comma-separated value of the output is supported when the critic's
+    `Answer:` line states it; all -> Fully, some -> Partially, none -> No support. None when
+    the critic wrote no `Answer:` line (sentences, or a critic trained without them)."""
+    from selfrag_jax.world.tasks import REFUSAL
+
+    found = re.search(r"Answer:([^\n]*)", text)
+    if found is None:
+        return None
+    read = {_norm(v) for v in found.group(1).split(",")} - {_norm(REFUSAL), ""}
+    values = [_norm(v) for v in output.split(",")]
+    hits = sum(v in read for v in values)
+    return T.FULLY_SUPPORTED if hits == len(values) else T.PARTIALLY_SUPPORTED if hits else T.NO_SUPPORT
+
+
+def parse_label(kind: str, text: str, output: str | None = None) -> str | None:
+    """The critic's free text -> one of the type's label strings, or None if unreadable.
+    For IsSup with the output given, a reading line decides (`read_support`)."""
     from selfrag_jax.world.critic_data import LABELS
+
+    if kind == "issup" and output is not None and (read := read_support(text, output)) is not None:
+        return read
 
     labels = LABELS[kind]
     for label in sorted(labels, key=len, reverse=True):
@@ -76,7 +100,7 @@ class Critic:
     config: Any
     tokenizer: Any
     batch_size: int = 64
-    max_new_tokens: int = 24  # "[No support / Contradictory]" as plain text is many pieces
+    max_new_tokens: int = 40  # "[No support / Contradictory]" as plain text is 18 pieces, a reading line up to ~15 more
     calls: dict[str, int] = field(default_factory=dict)
 
     def generate(self, prompts: Sequence[str]) -> list[str]:
@@ -104,15 +128,18 @@ class Critic:
                 out[i] = tok.decode(gen[j, : counts[j]])
         return out
 
-    def label(self, kind: str, inputs: Sequence[str], report: dict[str, Any]) -> list[str]:
+    def label(self, kind: str, inputs: Sequence[str], report: dict[str, Any],
+              outputs: Sequence[str] | None = None) -> list[str]:
+        """One label per input; for IsSup, `outputs` (the sentences judged) let a critic
+        trained with reading lines decide by `read_support`."""
         from selfrag_jax.world.critic_data import INSTRUCTIONS
 
         if not inputs:
             return []
         prompts = [T.CRITIC_PROMPT.format(instruction=INSTRUCTIONS[kind], input=x) for x in inputs]
         labels = []
-        for text in self.generate(prompts):
-            label = parse_label(kind, text)
+        for j, text in enumerate(self.generate(prompts)):
+            label = parse_label(kind, text, outputs[j] if outputs is not None else None)
             if label is None:
                 report["defaults"][kind] = report["defaults"].get(kind, 0) + 1
                 label = SAFE_DEFAULT[kind]
@@ -141,7 +168,8 @@ def annotate(records: list[dict], critic: Critic, retriever, ndocs: int = 3, irr
     evidence = [T.passage_text(h["title"], h["text"]) for _, _, h in pairs]
     rel = critic.label("isrel", [isrel_input(task[i], ev) for (i, _, _), ev in zip(pairs, evidence)], report)
     sup = critic.label("issup", [issup_input(task[i], " ".join(sentences[i][:s]), sentences[i][s], ev)
-                                 for (i, s, _), ev in zip(pairs, evidence)], report)
+                                 for (i, s, _), ev in zip(pairs, evidence)], report,
+                       outputs=[sentences[i][s] for i, s, _ in pairs])
     rank = {T.FULLY_SUPPORTED: 0, T.PARTIALLY_SUPPORTED: 1, T.NO_SUPPORT: 2}
     chosen: dict[tuple[int, int], tuple[dict, str, str, tuple[int, int]]] = {}
     for (i, s, h), r_lab, s_lab in zip(pairs, rel, sup):

@@ -167,12 +167,14 @@ def gold_passage_reading(engine, tok, opts, world: Path, items: list, gold: list
 def critic_agreement(critic_dir: Path, per_type: int = 300) -> dict[str, float]:
     """Share of held-out critic examples where the critic's label equals the ground truth
     (300 per type by default: at 40 the same critic read 0.42 and 0.67 on isrel, and one
-    critic's IsSup read 0.89 on the first 100 and 0.83 on 300)."""
+    critic's IsSup read 0.89 on the first 100 and 0.83 on 300). A critic that writes IsSup
+    reading lines is scored by the decision annotation uses (`read_support`), and its own
+    label after them is reported beside it as `issup_label`."""
     from selfrag_jax.data.annotate import Critic, parse_label
     from selfrag_jax.models.checkpoint import load_model
     from selfrag_jax.world import WorldConfig
     from selfrag_jax.world.build import world_of
-    from selfrag_jax.world.critic_data import make_critic_records
+    from selfrag_jax.world.critic_data import issup_output, make_critic_records
 
     config, params, tok, _ = load_model(critic_dir)
     critic = Critic(params, config, tok)
@@ -184,7 +186,10 @@ def critic_agreement(critic_dir: Path, per_type: int = 300) -> dict[str, float]:
     out = {}
     for kind, recs in by_type.items():
         texts = critic.generate([T.CRITIC_PROMPT.format(instruction=r["instruction"], input=r["input"]) for r in recs])
-        out[kind] = float(np.mean([parse_label(kind, t) == r["output"] for t, r in zip(texts, recs)]))
+        outputs = [issup_output(r["input"]) if kind == "issup" else None for r in recs]
+        out[kind] = float(np.mean([parse_label(kind, t, o) == r["output"] for t, o, r in zip(texts, outputs, recs)]))
+        if kind == "issup" and any("Answer:" in t for t in texts):
+            out["issup_label"] = float(np.mean([parse_label(kind, t) == r["output"] for t, r in zip(texts, recs)]))
     return out
 
 

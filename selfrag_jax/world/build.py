@@ -51,6 +51,9 @@ class WorldConfig:
     # base that had also learned to refuse passages lacking the asked fact, issup rose from
     # 0.70 to 0.89 on 100 (0.83 on 300, assets/default/README.md).
     n_critic_practice_per_type: int = 2500
+    # Short-answer IsSup targets with an `Answer:` reading line (critic_data's docstring); off
+    # in the shipped world until a critic trained with it is shipped.
+    critic_issup_reading: bool = False
     vocab_size: int = 3000
     generator: GeneratorConfig = field(default_factory=GeneratorConfig)
     pretrain: PretrainConfig = field(default_factory=PretrainConfig)
@@ -174,8 +177,9 @@ def write_training_data(world: World, cfg: WorldConfig, out_dir: str, put) -> di
     put("train/practice_raw.jsonl", (t.record() for t in raw_practice))
     put("train/practice_raw_meta.jsonl", (t.meta() for t in raw_practice))
 
-    put("train/critic.jsonl", make_critic_records(world, cfg.n_critic_per_type, cfg.seed)
-        + make_critic_records(practice, cfg.n_critic_practice_per_type, cfg.seed + 1, id_prefix="critic_practice"))
+    put("train/critic.jsonl", make_critic_records(world, cfg.n_critic_per_type, cfg.seed, issup_reading=cfg.critic_issup_reading)
+        + make_critic_records(practice, cfg.n_critic_practice_per_type, cfg.seed + 1, id_prefix="critic_practice",
+                              issup_reading=cfg.critic_issup_reading))
     pretrain = list(pretrain_texts(world, cfg.seed, cfg.pretrain))
     put("pretrain.jsonl", ({"text": t} for t in pretrain))
     put("anneal.jsonl", ({"text": t} for t in anneal_texts(world, cfg.seed, cfg.pretrain)))

@@ -3,11 +3,20 @@
 Inputs follow self-rag.md section 4 word for word; the target is the label string (the
 critic writes it as plain text). Each type is balanced: the label is drawn first, in turn,
 then an example with that label is built, so every class has the same count.
+
+With `issup_reading` (beyond the paper), an IsSup example whose output is a short answer
+gets a line before its label, `Answer: <what the evidence answers to the instruction>`:
+the values the passage states about the person asked after, or "I don't know." The critic
+then decides support by comparing that reading with the output (`data.annotate.read_support`)
+instead of by its label: the bundled 1.2M-parameter critic reads a passage's value well but
+cannot compare two values (assets/default/README.md), the way QA-based consistency checks
+(QAGS, QuestEval) split reading from matching.
 """
 
 from __future__ import annotations
 
 import random
+from typing import Sequence
 
 from ..tokens import (
     CONTINUE_EVIDENCE, CRITIC_PROMPT, FULLY_SUPPORTED, IRRELEVANT, ISUSE_GROUP, NO_RETRIEVAL, NO_SUPPORT,
@@ -55,8 +64,20 @@ def isrel_input(instruction: str, evidence: str) -> str:
     return f"Task instruction: {instruction}\nEvidence: {evidence}"
 
 
+def evidence_answer(passage: Passage, person: Person, attributes: Sequence[str]) -> str:
+    """What `passage` answers about `attributes` of `person`: the values it states, comma
+    separated, or REFUSAL when it states none (a passage about someone else states none)."""
+    stated = [passage.facts[a] for a in attributes if passage.entity_id == person.id and a in passage.facts]
+    return ", ".join(stated) or REFUSAL
+
+
 def issup_input(instruction: str, preceding: str, sentence: str, evidence: str) -> str:
     return f"Task instruction: {instruction}\nPreceding sentences: {preceding}\nOutput: {sentence}\nEvidence: {evidence}"
+
+
+def issup_output(issup_text: str) -> str:
+    """The output sentence of an `issup_input` text (its inverse, for checking a critic)."""
+    return issup_text.split("\nOutput: ", 1)[1].split("\nEvidence: ", 1)[0]
 
 
 def isuse_input(instruction: str, output: str) -> str:
@@ -131,43 +152,48 @@ class CriticMaker:
             shown = lookalike_passage(self.world, person, r, person.split)
         return isrel_input(task.instruction, _ev(shown))
 
-    def issup(self, label: str) -> str:
+    def issup(self, label: str) -> tuple[str, str | None]:
+        """(input, reading): reading is `evidence_answer` for short answers, None for sentences."""
         t, r, w = self.tasks, self.rng, self.world
+
+        def short(task, p: Person, output: str, shown: Passage) -> tuple[str, str]:
+            return (issup_input(task.instruction, "", output, _ev(shown)), evidence_answer(shown, p, task.attributes))
+
         if label == PARTIALLY_SUPPORTED:
             p = self._person(two_passages=True)
             if r.random() < 0.5:
                 task = t.pair_qa(p)
-                return issup_input(task.instruction, "", task.answer, _ev(w.by_id[r.choice(task.gold_passage_ids)]))
+                return short(task, p, task.answer, w.by_id[r.choice(task.gold_passage_ids)])
             task = t.longform(p)
             sentence = r.choice((f"{p.name} was born in {p.birthplace} in {p.birth_year}.",
                                  f"{p.name} worked as {article(p.occupation)} {p.occupation} for {p.employer}."))
-            return issup_input(task.instruction, "", sentence, _ev(r.choice(w.by_entity[p.id])))
+            return issup_input(task.instruction, "", sentence, _ev(r.choice(w.by_entity[p.id]))), None
         if r.random() < 0.6:
             task = t.qa()
             p = next(x for x in w.kb.people if x.id == task.entity_ids[0])
             a = task.attributes[0]
             if label == FULLY_SUPPORTED:
-                return issup_input(task.instruction, "", task.answer, _ev(w.passage_with(p, a)))
+                return short(task, p, task.answer, w.passage_with(p, a))
             case = r.random()
             if case < 0.35 and w.passage_without(p, a):  # the person's passage that lacks the fact
-                return issup_input(task.instruction, "", task.answer, _ev(w.passage_without(p, a)))
+                return short(task, p, task.answer, w.passage_without(p, a))
             if case < 0.7:  # a wrong value against the gold passage: contradicted
-                return issup_input(task.instruction, "", t.wrong_values(p, a, 1)[0], _ev(w.passage_with(p, a)))
+                return short(task, p, t.wrong_values(p, a, 1)[0], w.passage_with(p, a))
             # a look-alike's passage: about someone else, even when it names the same value
-            return issup_input(task.instruction, "", task.answer, _ev(lookalike_passage(w, p, r, p.split)))
+            return short(task, p, task.answer, lookalike_passage(w, p, r, p.split))
         task = t.longform()
         p = next(x for x in w.kb.people if x.id == task.entity_ids[0])
         i = r.randrange(len(task.sentences))
         s, prev = task.sentences[i], " ".join(x.text for x in task.sentences[:i])
         if label == FULLY_SUPPORTED:
-            return issup_input(task.instruction, prev, s.text, _ev(w.by_id[s.passage_id]))
+            return issup_input(task.instruction, prev, s.text, _ev(w.by_id[s.passage_id])), None
         if r.random() < 0.5:  # claims with wrong values against the gold passage
             a = r.choice(("birthplace", "birth_year", "employer", "instrument", "occupation"))
             wrong = claim_text(p.name, a, t.wrong_values(p, a, 1)[0])
-            return issup_input(task.instruction, prev, wrong, _ev(w.passage_with(p, a)))
+            return issup_input(task.instruction, prev, wrong, _ev(w.passage_with(p, a))), None
         other = [q for q in w.by_entity[p.id] if q.id != s.passage_id and not set(s.facts) & set(q.facts)]
         shown = r.choice(other) if other else lookalike_passage(w, p, r, p.split)
-        return issup_input(task.instruction, prev, s.text, _ev(shown))
+        return issup_input(task.instruction, prev, s.text, _ev(shown)), None
 
     def isuse(self, label: str) -> str:
         t, r, w = self.tasks, self.rng, self.world
@@ -203,8 +229,9 @@ class CriticMaker:
 
 
 def make_critic_records(world: World, n_per_type: int, seed: int, split: str = "train",
-                        id_prefix: str = "critic") -> list[dict]:
-    """n_per_type balanced examples for each of the five input types."""
+                        id_prefix: str = "critic", issup_reading: bool = False) -> list[dict]:
+    """n_per_type balanced examples for each of the five input types; with `issup_reading`,
+    short-answer IsSup targets start with their `Answer:` line (module docstring)."""
     rng = random.Random(seed * 7919 + 5)
     maker = CriticMaker(world, rng, split)
     records = []
@@ -212,6 +239,8 @@ def make_critic_records(world: World, n_per_type: int, seed: int, split: str = "
         build = getattr(maker, kind)
         for i in range(n_per_type):
             label = labels[i % len(labels)]
-            records.append({"instruction": INSTRUCTIONS[kind], "input": build(label), "output": label,
+            text, reading = build(label) if kind == "issup" else (build(label), None)
+            output = f"Answer: {reading}\n{label}" if issup_reading and reading is not None else label
+            records.append({"instruction": INSTRUCTIONS[kind], "input": text, "output": output,
                             "id": f"{id_prefix}_{kind}_{i:05d}", "dataset_name": f"critic_{kind}"})
     return records
