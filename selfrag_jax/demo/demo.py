@@ -126,6 +126,8 @@ def evaluate_models(models: Path, world: Path, index: Path, out: Path, limit: in
             report["gold_passage"] = gold_passage_reading(engine, tok, replace(options["always_top1"], task=task),
                                                           world, items, gold, batch_size, out)
     report["critic_agreement"] = critic_agreement(models / "critic", *([max(limit // 5, 10)] if limit else []))
+    if "issup_label" in report["critic_agreement"]:  # a reading critic: its own label, beside the decision
+        report["critic_issup_label"] = report["critic_agreement"].pop("issup_label")
     report["trace"] = trace
     return report
 
@@ -168,8 +170,8 @@ def critic_agreement(critic_dir: Path, per_type: int = 300) -> dict[str, float]:
     """Share of held-out critic examples where the critic's label equals the ground truth
     (300 per type by default: at 40 the same critic read 0.42 and 0.67 on isrel, and one
     critic's IsSup read 0.89 on the first 100 and 0.83 on 300). A critic that writes IsSup
-    reading lines is scored by the decision annotation uses (`read_support`), and its own
-    label after them is reported beside it as `issup_label`."""
+    reading lines is scored by the decision annotation uses (`read_support`); its own label
+    after them comes back too, as `issup_label`."""
     from selfrag_jax.data.annotate import Critic, parse_label
     from selfrag_jax.models.checkpoint import load_model
     from selfrag_jax.world import WorldConfig
@@ -216,6 +218,9 @@ def table(report: dict[str, Any]) -> str:
     if report.get("critic_agreement"):
         lines.append("critic agreement with ground truth: " +
                      ", ".join(f"{k} {v:.2f}" for k, v in report["critic_agreement"].items()))
+    if report.get("critic_issup_label") is not None:
+        lines.append(f"issup decided by the critic's reading line (beyond the paper); its own label after the line: "
+                     f"{report['critic_issup_label']:.2f}")
     return "\n".join(lines)
 
 
@@ -296,6 +301,8 @@ def run_demo(args: argparse.Namespace) -> int:
     report["seconds"] = round(time.time() - t0, 1)
     if "retrained" in reports:
         report["retrained"] = {k: reports["retrained"][k] for k in ("tasks", "critic_agreement", "distractor_top1", "gold_passage")}
+        if "critic_issup_label" in reports["retrained"]:
+            report["retrained"]["critic_issup_label"] = reports["retrained"]["critic_issup_label"]
         reading = work / "retrain" / "base_reading.done"
         if reading.exists():
             report["retrained"]["base_reading"] = {k: v for k, v in json.loads(reading.read_text()).items()
