@@ -10,7 +10,9 @@ the values the passage states about the person asked after, or "I don't know." T
 then decides support by comparing that reading with the output (`data.annotate.read_support`)
 instead of by its label: the bundled 1.2M-parameter critic reads a passage's value well but
 cannot compare two values (assets/default/README.md), the way QA-based consistency checks
-(QAGS, QuestEval) split reading from matching.
+(QAGS, QuestEval) split reading from matching. Choice letters and fact-check verdicts are
+short too but state no value, so with the flag a share of IsSup examples are those, without a
+line: a critic that wrote one for "B" or "true" would rate every passage unsupported.
 """
 
 from __future__ import annotations
@@ -92,8 +94,8 @@ def critic_prompt(record: dict) -> str:
 class CriticMaker:
     """Builds one example of a given type and label; training people only."""
 
-    def __init__(self, world: World, rng: random.Random, split: str = "train") -> None:
-        self.world, self.rng = world, rng
+    def __init__(self, world: World, rng: random.Random, split: str = "train", issup_reading: bool = False) -> None:
+        self.world, self.rng, self.issup_reading = world, rng, issup_reading
         self.tasks = TaskMaker(world, split, rng, prefix="critic")
 
     def _person(self, two_passages: bool = False) -> Person:
@@ -168,6 +170,8 @@ class CriticMaker:
             sentence = r.choice((f"{p.name} was born in {p.birthplace} in {p.birth_year}.",
                                  f"{p.name} worked as {article(p.occupation)} {p.occupation} for {p.employer}."))
             return issup_input(task.instruction, "", sentence, _ev(r.choice(w.by_entity[p.id]))), None
+        if self.issup_reading and r.random() < 0.25:
+            return self._issup_verdict(label), None
         if r.random() < 0.6:
             task = t.qa()
             p = next(x for x in w.kb.people if x.id == task.entity_ids[0])
@@ -194,6 +198,25 @@ class CriticMaker:
         other = [q for q in w.by_entity[p.id] if q.id != s.passage_id and not set(s.facts) & set(q.facts)]
         shown = r.choice(other) if other else lookalike_passage(w, p, r, p.split)
         return issup_input(task.instruction, prev, s.text, _ev(shown)), None
+
+    def _issup_verdict(self, label: str) -> str:
+        """A multiple-choice letter or a fact check's verdict: short outputs that are no value
+        of the passage, so they get no reading line (with one, "B" or "true" would never match).
+        Supported when the gold passage decides it that way; not when the letter or verdict is
+        wrong, or the passage lacks the fact or is a look-alike's."""
+        t, r, w = self.tasks, self.rng, self.world
+        task = t.mc() if r.random() < 0.5 else t.factcheck()
+        p = next(x for x in w.kb.people if x.id == task.entity_ids[0])
+        a = task.attributes[0]
+        if label == FULLY_SUPPORTED:
+            return issup_input(task.instruction, "", task.answer, _ev(w.passage_with(p, a)))
+        case = r.random()
+        if case < 0.5:  # the wrong letter or verdict against the gold passage
+            wrong = r.choice([x for x in task.extra["choices"]["label"] if x != task.answer]) if task.kind == "mc" \
+                else {"true": "false", "false": "true"}[task.answer]
+            return issup_input(task.instruction, "", wrong, _ev(w.passage_with(p, a)))
+        shown = w.passage_without(p, a) if case < 0.75 and w.passage_without(p, a) else lookalike_passage(w, p, r, p.split)
+        return issup_input(task.instruction, "", task.answer, _ev(shown))
 
     def isuse(self, label: str) -> str:
         t, r, w = self.tasks, self.rng, self.world
@@ -231,9 +254,10 @@ class CriticMaker:
 def make_critic_records(world: World, n_per_type: int, seed: int, split: str = "train",
                         id_prefix: str = "critic", issup_reading: bool = False) -> list[dict]:
     """n_per_type balanced examples for each of the five input types; with `issup_reading`,
-    short-answer IsSup targets start with their `Answer:` line (module docstring)."""
+    short-answer IsSup targets start with their `Answer:` line (module docstring), and a
+    quarter of the Fully / No-support examples are choice letters and verdicts, without one."""
     rng = random.Random(seed * 7919 + 5)
-    maker = CriticMaker(world, rng, split)
+    maker = CriticMaker(world, rng, split, issup_reading)
     records = []
     for kind, labels in LABELS.items():
         build = getattr(maker, kind)
