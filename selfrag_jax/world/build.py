@@ -51,8 +51,9 @@ class WorldConfig:
     # base that had also learned to refuse passages lacking the asked fact, issup rose from
     # 0.70 to 0.89 on 100 (0.83 on 300, assets/default/README.md).
     n_critic_practice_per_type: int = 2500
-    # Short-answer IsSup targets with an `Answer:` reading line (critic_data's docstring); off
-    # in the shipped world until a critic trained with it is shipped.
+    # Short-answer IsSup targets with an `Answer:` reading line, plus choice-letter and verdict
+    # IsSup examples without one (critic_data's docstring); off in the shipped world until a
+    # critic trained with it is shipped (the probes: assets/default/README.md).
     critic_issup_reading: bool = False
     vocab_size: int = 3000
     generator: GeneratorConfig = field(default_factory=GeneratorConfig)

@@ -155,7 +155,8 @@ class CriticMaker:
         return isrel_input(task.instruction, _ev(shown))
 
     def issup(self, label: str) -> tuple[str, str | None]:
-        """(input, reading): reading is `evidence_answer` for short answers, None for sentences."""
+        """(input, reading): reading is `evidence_answer` for short answers, None for sentences,
+        choice letters and verdicts."""
         t, r, w = self.tasks, self.rng, self.world
 
         def short(task, p: Person, output: str, shown: Passage) -> tuple[str, str]:
