@@ -179,3 +179,41 @@ def test_induction_probe_scores_a_perfect_copier_one():
         shipped = induction_accuracy(ASSETS_CRITIC, rows=4, length=12, spaced=spaced)
         assert set(shipped) == {"first_loss", "second_loss", "second_accuracy", "rows", "length", "spaced"}
         assert 0 <= shipped["second_accuracy"] <= 1 and shipped["spaced"] == spaced
+
+
+def test_critic_agreement_scores_a_reading_critic_by_its_line(monkeypatch):
+    """A scripted critic that writes, for a short answer, a reading line equal to the output and
+    then the No-support label, and for a sentence the Partially label: agreement counts the
+    line's decision (Fully), and the label after the line comes back as issup_label."""
+    from pathlib import Path
+
+    import numpy as np
+
+    import selfrag_jax.models.checkpoint as checkpoint
+    from selfrag_jax import tokens as T
+    from selfrag_jax.data.annotate import Critic
+    from selfrag_jax.demo.demo import critic_agreement
+    from selfrag_jax.world import WorldConfig
+    from selfrag_jax.world.build import world_of
+    from selfrag_jax.world.critic_data import issup_output, make_critic_records
+
+    def generate(self, prompts):
+        out = []
+        for p in prompts:
+            o = issup_output(p) if "Does the evidence support" in p else None
+            out.append("[Retrieval]" if o is None else T.PARTIALLY_SUPPORTED if o.endswith(".")
+                       else f"Answer: {o}\n{T.NO_SUPPORT}")
+        return out
+
+    monkeypatch.setattr(checkpoint, "load_model", lambda path: (None, None, None, None))
+    monkeypatch.setattr(Critic, "generate", generate)
+    out = critic_agreement(Path("unused"), per_type=60)
+    assert set(out) == {"retrieve_input", "retrieve_sentence", "isrel", "issup", "isuse", "issup_label"}
+    sup = [r for r in make_critic_records(world_of(WorldConfig()), 60, seed=1, split="heldout")
+           if r["dataset_name"] == "critic_issup"]
+    sentence = [issup_output(r["input"]).endswith(".") for r in sup]
+    decided = [T.PARTIALLY_SUPPORTED if s else T.FULLY_SUPPORTED for s in sentence]
+    own = [T.PARTIALLY_SUPPORTED if s else T.NO_SUPPORT for s in sentence]
+    assert out["issup"] == float(np.mean([d == r["output"] for d, r in zip(decided, sup)]))
+    assert out["issup_label"] == float(np.mean([d == r["output"] for d, r in zip(own, sup)]))
+    assert out["issup"] != out["issup_label"]
