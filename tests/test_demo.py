@@ -184,7 +184,7 @@ def test_induction_probe_scores_a_perfect_copier_one():
 def test_critic_agreement_scores_a_reading_critic_by_its_line(monkeypatch):
     """A scripted critic that writes, for a short answer, a reading line equal to the output and
     then the No-support label, and for a sentence the Partially label: agreement counts the
-    line's decision (Fully), and the label after the line comes back as issup_label."""
+    line's decision (Fully), and the label after the line comes back apart."""
     from pathlib import Path
 
     import numpy as np
@@ -207,13 +207,13 @@ def test_critic_agreement_scores_a_reading_critic_by_its_line(monkeypatch):
 
     monkeypatch.setattr(checkpoint, "load_model", lambda path: (None, None, None, None))
     monkeypatch.setattr(Critic, "generate", generate)
-    out = critic_agreement(Path("unused"), per_type=60)
-    assert set(out) == {"retrieve_input", "retrieve_sentence", "isrel", "issup", "isuse", "issup_label"}
+    out, own = critic_agreement(Path("unused"), per_type=60)
+    assert set(out) == {"retrieve_input", "retrieve_sentence", "isrel", "issup", "isuse"}
     sup = [r for r in make_critic_records(world_of(WorldConfig()), 60, seed=1, split="heldout")
            if r["dataset_name"] == "critic_issup"]
     sentence = [issup_output(r["input"]).endswith(".") for r in sup]
     decided = [T.PARTIALLY_SUPPORTED if s else T.FULLY_SUPPORTED for s in sentence]
-    own = [T.PARTIALLY_SUPPORTED if s else T.NO_SUPPORT for s in sentence]
+    own_labels = [T.PARTIALLY_SUPPORTED if s else T.NO_SUPPORT for s in sentence]
     assert out["issup"] == float(np.mean([d == r["output"] for d, r in zip(decided, sup)]))
-    assert out["issup_label"] == float(np.mean([d == r["output"] for d, r in zip(own, sup)]))
-    assert out["issup"] != out["issup_label"]
+    assert own == float(np.mean([d == r["output"] for d, r in zip(own_labels, sup)]))
+    assert out["issup"] != own

@@ -37,22 +37,20 @@ SAFE_DEFAULT = {"retrieve_input": T.RETRIEVAL, "retrieve_sentence": T.RETRIEVAL,
                 "issup": T.NO_SUPPORT, "isuse": "[Utility:3]"}
 
 
-def _norm(value: str) -> str:
-    return " ".join(value.lower().strip().rstrip(".").split())
-
-
 def read_support(text: str, output: str) -> str | None:
     """IsSup decided from the critic's reading (beyond the paper; world.critic_data's
     docstring): each comma-separated value of the output is supported when the critic's
-    `Answer:` line states it; all -> Fully, some -> Partially, none -> No support. None when
-    the critic wrote no `Answer:` line (sentences, or a critic trained without them)."""
+    `Answer:` line states it (SQuAD-normalised); all -> Fully, some -> Partially, none -> No
+    support. None when the critic wrote no `Answer:` line (sentences, or a critic trained
+    without them)."""
+    from selfrag_jax.evaluation.metrics import normalize_answer
     from selfrag_jax.world.tasks import REFUSAL
 
     found = re.search(r"Answer:([^\n]*)", text)
     if found is None:
         return None
-    read = {_norm(v) for v in found.group(1).split(",")} - {_norm(REFUSAL), ""}
-    values = [_norm(v) for v in output.split(",")]
+    read = {normalize_answer(v) for v in found.group(1).split(",")} - {normalize_answer(REFUSAL), ""}
+    values = [normalize_answer(v) for v in output.split(",")]
     hits = sum(v in read for v in values)
     return T.FULLY_SUPPORTED if hits == len(values) else T.PARTIALLY_SUPPORTED if hits else T.NO_SUPPORT
 

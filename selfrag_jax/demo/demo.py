@@ -125,9 +125,9 @@ def evaluate_models(models: Path, world: Path, index: Path, out: Path, limit: in
                                          for s in ("selfrag", "selfrag_ret", "always_top1")}
             report["gold_passage"] = gold_passage_reading(engine, tok, replace(options["always_top1"], task=task),
                                                           world, items, gold, batch_size, out)
-    report["critic_agreement"] = critic_agreement(models / "critic", *([max(limit // 5, 10)] if limit else []))
-    if "issup_label" in report["critic_agreement"]:  # a reading critic: its own label, beside the decision
-        report["critic_issup_label"] = report["critic_agreement"].pop("issup_label")
+    report["critic_agreement"], own_issup = critic_agreement(models / "critic", *([max(limit // 5, 10)] if limit else []))
+    if own_issup is not None:  # a reading critic: its own label, beside the decision
+        report["critic_issup_label"] = own_issup
     report["trace"] = trace
     return report
 
@@ -166,13 +166,13 @@ def gold_passage_reading(engine, tok, opts, world: Path, items: list, gold: list
     return {"accuracy": float(np.mean(hits)) if hits else None, "n": len(hits)}
 
 
-def critic_agreement(critic_dir: Path, per_type: int = 300) -> dict[str, float]:
-    """Share of held-out critic examples where the critic's label equals the ground truth
-    (300 per type by default: at 40 the same critic read 0.42 and 0.67 on isrel, and one
-    critic's IsSup read 0.89 on the first 100 and 0.83 on 300). A critic that writes IsSup
-    reading lines is scored by the decision annotation uses (`read_support`); its own label
-    after them comes back too, as `issup_label`."""
-    from selfrag_jax.data.annotate import Critic, parse_label
+def critic_agreement(critic_dir: Path, per_type: int = 300) -> tuple[dict[str, float], float | None]:
+    """Share of held-out critic examples where the critic's label equals the ground truth,
+    per type (300 per type by default: at 40 the same critic read 0.42 and 0.67 on isrel, and
+    one critic's IsSup read 0.89 on the first 100 and 0.83 on 300). A critic that writes IsSup
+    reading lines is scored by the decision annotation uses (`read_support`); the second value
+    is then its own label's agreement after the lines (None for a critic without them)."""
+    from selfrag_jax.data.annotate import Critic, parse_label, read_support
     from selfrag_jax.models.checkpoint import load_model
     from selfrag_jax.world import WorldConfig
     from selfrag_jax.world.build import world_of
@@ -185,14 +185,14 @@ def critic_agreement(critic_dir: Path, per_type: int = 300) -> dict[str, float]:
     by_type: dict[str, list[dict]] = {}
     for r in records:
         by_type.setdefault(r["dataset_name"].removeprefix("critic_"), []).append(r)
-    out = {}
+    out, own_issup = {}, None
     for kind, recs in by_type.items():
         texts = critic.generate([T.CRITIC_PROMPT.format(instruction=r["instruction"], input=r["input"]) for r in recs])
         outputs = [issup_output(r["input"]) if kind == "issup" else None for r in recs]
         out[kind] = float(np.mean([parse_label(kind, t, o) == r["output"] for t, o, r in zip(texts, outputs, recs)]))
-        if kind == "issup" and any("Answer:" in t for t in texts):
-            out["issup_label"] = float(np.mean([parse_label(kind, t) == r["output"] for t, r in zip(texts, recs)]))
-    return out
+        if kind == "issup" and any(read_support(t, o) is not None for t, o in zip(texts, outputs)):
+            own_issup = float(np.mean([parse_label(kind, t) == r["output"] for t, r in zip(texts, recs)]))
+    return out, own_issup
 
 
 # --------------------------------------------------------------------------------------

@@ -97,6 +97,11 @@ class CriticMaker:
     def __init__(self, world: World, rng: random.Random, split: str = "train", issup_reading: bool = False) -> None:
         self.world, self.rng, self.issup_reading = world, rng, issup_reading
         self.tasks = TaskMaker(world, split, rng, prefix="critic")
+        self.people = {p.id: p for p in world.kb.people}
+
+    def _subject(self, task) -> Person:
+        """The person a task asks about."""
+        return self.people[task.entity_ids[0]]
 
     def _person(self, two_passages: bool = False) -> Person:
         while True:
@@ -145,7 +150,7 @@ class CriticMaker:
             shown = next(p for p in self.world.by_entity[ghost.student_id] if ghost.name in p.text)
             return isrel_input(task.instruction, _ev(shown))
         task = r.choice((t.qa, t.qa, t.qa, t.pair_qa, t.factcheck, t.mc, t.longform))()
-        person = next(p for p in self.world.kb.people if p.id == task.entity_ids[0])
+        person = self._subject(task)
         if label == RELEVANT:
             shown = r.choice(self.world.by_entity[person.id])
         elif r.random() < 0.1:
@@ -175,7 +180,7 @@ class CriticMaker:
             return self._issup_verdict(label), None
         if r.random() < 0.6:
             task = t.qa()
-            p = next(x for x in w.kb.people if x.id == task.entity_ids[0])
+            p = self._subject(task)
             a = task.attributes[0]
             if label == FULLY_SUPPORTED:
                 return short(task, p, task.answer, w.passage_with(p, a))
@@ -187,7 +192,7 @@ class CriticMaker:
             # a look-alike's passage: about someone else, even when it names the same value
             return short(task, p, task.answer, lookalike_passage(w, p, r, p.split))
         task = t.longform()
-        p = next(x for x in w.kb.people if x.id == task.entity_ids[0])
+        p = self._subject(task)
         i = r.randrange(len(task.sentences))
         s, prev = task.sentences[i], " ".join(x.text for x in task.sentences[:i])
         if label == FULLY_SUPPORTED:
@@ -207,7 +212,7 @@ class CriticMaker:
         wrong, or the passage lacks the fact or is a look-alike's."""
         t, r, w = self.tasks, self.rng, self.world
         task = t.mc() if r.random() < 0.5 else t.factcheck()
-        p = next(x for x in w.kb.people if x.id == task.entity_ids[0])
+        p = self._subject(task)
         a = task.attributes[0]
         if label == FULLY_SUPPORTED:
             return issup_input(task.instruction, "", task.answer, _ev(w.passage_with(p, a)))
@@ -226,7 +231,7 @@ class CriticMaker:
             choice = r.random()
             if choice < 0.4:
                 task = t.qa()
-                p = next(x for x in w.kb.people if x.id == task.entity_ids[0])
+                p = self._subject(task)
                 out = task.answer if r.random() < 0.7 else t.wrong_values(p, task.attributes[0], 1)[0]
                 return isuse_input(task.instruction, out)  # the right kind of answer, true or not
             task = r.choice((t.longform, t.pair_qa, t.no_retrieval, t.compare))()
@@ -244,7 +249,7 @@ class CriticMaker:
             return isuse_input(task.instruction, r.choice(task.sentences).text)
         if k == 2:  # the right person, the wrong kind of fact
             task = t.qa()
-            p = next(x for x in w.kb.people if x.id == task.entity_ids[0])
+            p = self._subject(task)
             other = r.choice([a for a in ("birthplace", "birth_year", "occupation", "employer", "instrument") if a != task.attributes[0]])
             return isuse_input(task.instruction, p.value(other))
         task = r.choice((t.qa, t.qa, t.longform, t.no_retrieval))()  # k == 1: no answer at all
