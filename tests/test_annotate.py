@@ -47,7 +47,7 @@ class ScriptedCritic(Critic):
         super().__init__(params=None, config=None, tokenizer=None)
         self.seen: list[str] = []
 
-    def generate(self, prompts):
+    def generate(self, prompts, desc="critic"):
         out = []
         for p in prompts:
             self.seen.append(p)
@@ -91,7 +91,7 @@ def test_annotate_builds_the_paper_format():
 
 def test_irrelevant_passages_are_written_without_issup():
     class NothingRelevant(ScriptedCritic):
-        def generate(self, prompts):
+        def generate(self, prompts, desc="critic"):
             return ["[Irrelevant]" if "Is the evidence about" in p else t
                     for p, t in zip(prompts, super().generate(prompts))]
 
@@ -119,7 +119,7 @@ def test_annotation_decides_issup_by_a_reading_critics_answer_line():
     """A critic that writes reading lines: the passage whose reading equals the sentence wins,
     whatever label the critic wrote after it (annotation passes each sentence to the critic)."""
     class Reader(ScriptedCritic):
-        def generate(self, prompts):
+        def generate(self, prompts, desc="critic"):
             return [("Answer: Rom\n[No support / Contradictory]" if "GOOD" in p else "Answer: Lis\n[Fully supported]")
                     if "Does the evidence support" in p else t for p, t in zip(prompts, super().generate(prompts))]
 

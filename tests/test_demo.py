@@ -197,7 +197,7 @@ def test_critic_agreement_scores_a_reading_critic_by_its_line(monkeypatch):
     from selfrag_jax.world.build import world_of
     from selfrag_jax.world.critic_data import issup_output, make_critic_records
 
-    def generate(self, prompts):
+    def generate(self, prompts, desc="critic"):
         out = []
         for p in prompts:
             o = issup_output(p) if "Does the evidence support" in p else None

@@ -101,10 +101,11 @@ class Critic:
     max_new_tokens: int = 40  # "[No support / Contradictory]" as plain text is 18 pieces, a reading line up to ~15 more
     calls: dict[str, int] = field(default_factory=dict)
 
-    def generate(self, prompts: Sequence[str]) -> list[str]:
+    def generate(self, prompts: Sequence[str], desc: str = "critic") -> list[str]:
         import jax.numpy as jnp
 
         from selfrag_jax.inference.decode import greedy_generate, pad_batch
+        from selfrag_jax.utils import progress
 
         tok = self.tokenizer
         encoded = [([tok.bos_id] if tok.bos_id is not None else []) + tok.encode_text(p) for p in prompts]
@@ -113,7 +114,7 @@ class Critic:
         order = np.argsort([len(e) for e in encoded], kind="stable")
         out: list[str] = [""] * len(prompts)
         stop = jnp.array([tok.eos_id])
-        for start in range(0, len(order), self.batch_size):
+        for start in progress(range(0, len(order), self.batch_size), desc=desc, unit="batch"):  # annotation: minutes
             rows = order[start: start + self.batch_size]
             batch = [encoded[i] for i in rows]
             width = -(-max(len(b) for b in batch) // 64) * 64  # length buckets of 64: few programs
@@ -136,7 +137,7 @@ class Critic:
             return []
         prompts = [T.CRITIC_PROMPT.format(instruction=INSTRUCTIONS[kind], input=x) for x in inputs]
         labels = []
-        for j, text in enumerate(self.generate(prompts)):
+        for j, text in enumerate(self.generate(prompts, desc=f"critic {kind}")):
             label = parse_label(kind, text, outputs[j] if outputs is not None else None)
             if label is None:
                 report["defaults"][kind] = report["defaults"].get(kind, 0) + 1
