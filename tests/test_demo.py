@@ -106,6 +106,24 @@ def test_pipeline_stage_configs_chain(tmp_path):
     assert stages.config("critic", ["optim.learning_rate=3e-4"]).optim.learning_rate == 3e-4
 
 
+def test_pipeline_reading_critic_stage(tmp_path):
+    """The full budget continues the critic on the reading-form data and ships and annotates
+    with that critic; the reduced budget skips the stage and uses the critic as it is."""
+    from selfrag_jax.demo.pipeline import Stages
+
+    full = Stages(tmp_path, budget="full")
+    cfg = full.config("critic_reading")
+    assert cfg.model.init_from == str(tmp_path / "critic") and cfg.run_dir == str(tmp_path / "critic_reading")
+    assert cfg.data.train_files == [str(tmp_path / "world" / "train" / "critic_reading.jsonl")]
+    assert cfg.data.mixture_rates == full.config("critic").data.mixture_rates  # the critic stage's mix
+    assert (cfg.num_steps, cfg.optim.learning_rate) == (300, 5e-4)
+    assert full.critic_dir == tmp_path / "critic_reading" and not full.skips("critic_reading")
+    reduced, said = Stages(tmp_path, budget="reduced", log=lambda m: said.append(m)), []
+    assert reduced.skips("critic_reading") and reduced.critic_dir == tmp_path / "critic"
+    reduced.stage("critic_reading", lambda: pytest.fail("a skipped stage ran"))
+    assert said == ["[critic_reading] skipped by the reduced budget"] and not reduced.done("critic_reading")
+
+
 def test_pipeline_budget_placeholder(tmp_path, monkeypatch):
     """`{config_steps}` is the stage YAML's num_steps; a stage counted in epochs has none, which
     is an error, and other braces (a YAML mapping) pass through untouched."""

@@ -25,7 +25,7 @@ SMALL = WorldConfig(seed=3, n_people=400, n_ghosts=80, n_generator=1500, n_raw=4
                     n_eval_factcheck=40, n_eval_mc=40, n_eval_longform=20, n_eval_no_retrieval=20)
 RECORD_KEYS = ["instruction", "input", "output", "id", "dataset_name"]
 TRAINING_FILES = ("train/generator.jsonl", "train/generator_meta.jsonl", "train/raw.jsonl", "train/raw_meta.jsonl",
-                  "train/critic.jsonl", "train/practice_raw.jsonl", "train/practice_passages.jsonl",
+                  "train/critic.jsonl", "train/critic_reading.jsonl", "train/practice_raw.jsonl", "train/practice_passages.jsonl",
                   "pretrain.jsonl", "anneal.jsonl", "relevance.jsonl", "relevance_forms.jsonl", "repeat.jsonl",
                   "tokenizer/tokenizer.json")
 
@@ -68,14 +68,15 @@ def test_manifest_lists_every_file(built):
     out, manifest = built
     for rel, info in manifest["files"].items():
         assert os.path.getsize(os.path.join(out, rel)) == info["bytes"]
-    for rel in [manifest["passages"], manifest["generator"], manifest["critic"], *manifest["eval"].values()]:
+    for rel in [manifest["passages"], manifest["generator"], manifest["critic"], manifest["critic_reading"],
+                *manifest["eval"].values()]:
         assert rel in manifest["files"]
     assert manifest["splits"]["heldout_people"] == 60
 
 
 def test_records_have_the_released_fields(built):
     out, _ = built
-    for rel in ("train/generator.jsonl", "train/raw.jsonl", "train/critic.jsonl"):
+    for rel in ("train/generator.jsonl", "train/raw.jsonl", "train/critic.jsonl", "train/critic_reading.jsonl"):
         for r in load(out, rel):
             assert list(r) == RECORD_KEYS
     for r in load(out, "passages.jsonl"):
@@ -326,6 +327,18 @@ def test_issup_reading_lines_decide_every_short_answer_label():
     assert set(checked) == set(LABELS["issup"]) and min(checked.values()) > 30, checked
     assert bare["verdict"] > 20 and bare["sentence"] > 50, bare
     assert any("I don't know." in r["output"] for r in read)
+
+
+def test_world_writes_the_critic_data_in_both_forms(built):
+    """critic.jsonl is the paper's form (bare labels); critic_reading.jsonl, the same world's
+    labels with IsSup reading lines, is what the critic_reading stage trains on."""
+    out, _ = built
+    paper, reading = load(out, "train/critic.jsonl"), load(out, "train/critic_reading.jsonl")
+    assert not any("Answer:" in r["output"] for r in paper)
+    lines = [r for r in reading if r["output"].startswith("Answer: ")]
+    assert lines and all(r["dataset_name"] == "critic_issup" for r in lines)
+    kinds = lambda recs: collections.Counter(r["dataset_name"] for r in recs)  # noqa: E731
+    assert kinds(paper) == kinds(reading)
 
 
 def test_unanswerable_training_examples_refuse(built):

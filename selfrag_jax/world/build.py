@@ -51,10 +51,6 @@ class WorldConfig:
     # base that had also learned to refuse passages lacking the asked fact, issup rose from
     # 0.70 to 0.89 on 100 (0.83 on 300, assets/default/README.md).
     n_critic_practice_per_type: int = 2500
-    # Short-answer IsSup targets with an `Answer:` reading line, plus choice-letter and verdict
-    # IsSup examples without one (critic_data's docstring); off in the shipped world until a
-    # critic trained with it is shipped (the probes: assets/default/README.md).
-    critic_issup_reading: bool = False
     vocab_size: int = 3000
     generator: GeneratorConfig = field(default_factory=GeneratorConfig)
     pretrain: PretrainConfig = field(default_factory=PretrainConfig)
@@ -178,9 +174,13 @@ def write_training_data(world: World, cfg: WorldConfig, out_dir: str, put) -> di
     put("train/practice_raw.jsonl", (t.record() for t in raw_practice))
     put("train/practice_raw_meta.jsonl", (t.meta() for t in raw_practice))
 
-    put("train/critic.jsonl", make_critic_records(world, cfg.n_critic_per_type, cfg.seed, issup_reading=cfg.critic_issup_reading)
-        + make_critic_records(practice, cfg.n_critic_practice_per_type, cfg.seed + 1, id_prefix="critic_practice",
-                              issup_reading=cfg.critic_issup_reading))
+    # The critic data twice: in the paper's form, and in the reading form the critic_reading
+    # stage continues on (short-answer IsSup targets with an `Answer:` line before the label,
+    # plus choice-letter and verdict IsSup examples without one: critic_data's docstring).
+    for rel, reading in (("train/critic.jsonl", False), ("train/critic_reading.jsonl", True)):
+        put(rel, make_critic_records(world, cfg.n_critic_per_type, cfg.seed, issup_reading=reading)
+            + make_critic_records(practice, cfg.n_critic_practice_per_type, cfg.seed + 1, id_prefix="critic_practice",
+                                  issup_reading=reading))
     pretrain = list(pretrain_texts(world, cfg.seed, cfg.pretrain))
     put("pretrain.jsonl", ({"text": t} for t in pretrain))
     put("anneal.jsonl", ({"text": t} for t in anneal_texts(world, cfg.seed, cfg.pretrain)))
@@ -194,7 +194,7 @@ def write_training_data(world: World, cfg: WorldConfig, out_dir: str, put) -> di
     return {"pretrain": "pretrain.jsonl", "anneal": "anneal.jsonl", "relevance": "relevance.jsonl", "relevance_forms": "relevance_forms.jsonl", "repeat": "repeat.jsonl", "generator": "train/generator.jsonl", "raw": "train/raw.jsonl",
             "practice": {"passages": "train/practice_passages.jsonl", "raw": "train/practice_raw.jsonl",
                          "people": len(practice.kb.people)},
-            "critic": "train/critic.jsonl", "tokenizer": "tokenizer"}
+            "critic": "train/critic.jsonl", "critic_reading": "train/critic_reading.jsonl", "tokenizer": "tokenizer"}
 
 
 TOKENIZER_FILES = ("tokenizer/tokenizer.json", "tokenizer/tokenizer_config.json", "tokenizer/special_tokens_map.json")
