@@ -56,7 +56,7 @@ class Stages:
         (self.out / f"{name}.done").write_text(json.dumps(info, indent=1))
 
     def skips(self, name: str) -> bool:
-        return name in BUDGETS[self.budget] and BUDGETS[self.budget][name] is None
+        return BUDGETS[self.budget].get(name, ()) is None
 
     @property
     def critic_dir(self) -> Path:
