@@ -124,6 +124,32 @@ def test_pipeline_reading_critic_stage(tmp_path):
     assert said == ["[critic_reading] skipped by the reduced budget"] and not reduced.done("critic_reading")
 
 
+def test_pipeline_does_not_export_a_base_that_did_not_learn_to_read(tmp_path, monkeypatch):
+    """A full run whose base reads below MIN_BASE_READING warns with the way to draw again and
+    leaves the shipped models alone unless forced; --seed reaches the base stage only."""
+    from selfrag_jax.demo import pipeline
+
+    exported = []
+    monkeypatch.setattr(pipeline.Stages, "export", lambda self: exported.append(self.out) or {})
+    for reads, force, ships in ((0.6, False, False), (0.6, True, True), (pipeline.MIN_BASE_READING, False, True)):
+        out, said = tmp_path / f"{reads}-{force}", []
+        out.mkdir()
+        stages = pipeline.Stages(out, log=said.append, base_seed=4)
+        for name in ("world", "index", "practice_index", "base", "anneal", "anneal2", "critic", "critic_reading",
+                     "annotate", "generator"):
+            stages.mark(name, {})
+        stages.mark("base_reading", {"with_passage": reads})
+        stages.run_all(force_export=force)
+        assert (exported[-1:] == [out]) == ships, (reads, force, said)
+        warned = [m for m in said if "WARNING" in m]
+        assert bool(warned) == (reads < pipeline.MIN_BASE_READING)
+        assert not warned or "--seed 5" in warned[0] and "0.60" in warned[0]
+        assert any("[export] skipped" in m for m in said) == (not ships)
+    reduced = pipeline.Stages(tmp_path / "r", budget="reduced", base_seed=4)
+    assert reduced.config("base").seed == 4 and reduced.config("anneal").seed == 0
+    assert reduced.base_reads() is None  # not probed yet
+
+
 def test_pipeline_budget_placeholder(tmp_path, monkeypatch):
     """`{config_steps}` is the stage YAML's num_steps; a stage counted in epochs has none, which
     is an error, and other braces (a YAML mapping) pass through untouched."""

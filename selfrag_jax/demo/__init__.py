@@ -11,6 +11,12 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         parser.add_argument("--budget", choices=("full", "reduced"), default="full",
                             help="training budget: full (shipped models) or reduced (~45 min) [full]")
         parser.add_argument("--no-export", action="store_true", help="do not copy the models into the package")
+        parser.add_argument("--seed", type=int, default=None,
+                            help="init seed of the base stage: another draw of the base (pretraining is a draw) "
+                                 "[the config's, 0]")
+        parser.add_argument("--force-export", action="store_true",
+                            help="export even when the base failed to learn to read (below "
+                                 "pipeline.MIN_BASE_READING, where export is skipped)")
         return
     from selfrag_jax.demo.demo import add_demo_arguments
 
@@ -26,7 +32,8 @@ def run(args: argparse.Namespace) -> int:
 
         from selfrag_jax.demo.pipeline import Stages
 
-        Stages(Path(args.out), args.budget).run_all(export=not args.no_export)
+        Stages(Path(args.out), args.budget, base_seed=args.seed).run_all(export=not args.no_export,
+                                                                          force_export=args.force_export)
         return 0
     from selfrag_jax.demo.demo import run_demo
 
