@@ -11,6 +11,7 @@ from test_retrieval_support import make_tiny_bert
 
 from selfrag_jax.cli import main
 from selfrag_jax.demo.demo import SETTINGS, TASKS
+from selfrag_jax.world.kb import ATTRIBUTES
 
 
 def demo_inputs(tmp_path):
@@ -48,6 +49,7 @@ def test_demo_fast_variant(tmp_path, capsys):
             assert row["n"] == 4 and 0 <= row["accuracy"] <= 1 and 0 <= row["retrieval_frequency"] <= 1
         assert rows["always_top1"]["retrieval_frequency"] == 1 and rows["no_retrieval"]["retrieval_frequency"] == 0
     assert report["gold_passage"]["n"] == 4 and 0 <= report["gold_passage"]["accuracy"] <= 1
+    assert set(report["gold_passage"]["by_attribute"]) <= set(ATTRIBUTES) and report["gold_passage"]["by_attribute"]
     # the reading ceiling gives each question exactly its gold passage, and nothing else
     gold = [json.loads(line)["meta"]["gold_passage_ids"]
             for line in (work / "world" / "eval" / "world_qa.jsonl").read_text().splitlines()[:4]]
@@ -75,6 +77,10 @@ def test_demo_fast_variant(tmp_path, capsys):
     assert all(c.startswith("Question: ") and p.endswith(c) for c, p in zip(closed, prompts))
     probe = reading_accuracy(tmp_path / "models" / "generator", work / "world", n=4, batch_size=3)
     assert probe["n"] == 4 and 0 <= probe["with_passage"] <= 1 and 0 <= probe["closed_book"] <= 1
+    *_, attributes = reading_prompts(work / "world", n=4, with_attributes=True)
+    assert set(probe["by_attribute"]) == set(attributes) and attributes[0] in ATTRIBUTES
+    counts = {a: attributes.count(a) for a in attributes}  # the overall rate is the questions' mean of the parts
+    assert abs(sum(probe["by_attribute"][a] * c for a, c in counts.items()) / 4 - probe["with_passage"]) < 1e-9
     rel = relevance_accuracy(tmp_path / "models" / "generator", work / "world", n=4, batch_size=3)
     assert rel["n"] == 4 and set(rel) == {"n", *RELEVANCE_FORMS}
     for form in RELEVANCE_FORMS:

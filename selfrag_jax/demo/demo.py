@@ -163,7 +163,11 @@ def gold_passage_reading(engine, tok, opts, world: Path, items: list, gold: list
     with open(out / "predictions" / "world_qa.gold_passage.jsonl", "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in records)
     hits = [match(rec["prediction"], it.record["answers"]) for rec, it in zip(records, with_gold)]
-    return {"accuracy": float(np.mean(hits)) if hits else None, "n": len(hits)}
+    by: dict[str, list[bool]] = {}  # a small model reads some attributes and not others
+    for h, it in zip(hits, with_gold):
+        by.setdefault("+".join(it.record.get("meta", {}).get("attributes", [])) or "-", []).append(bool(h))
+    return {"accuracy": float(np.mean(hits)) if hits else None, "n": len(hits),
+            "by_attribute": {a: float(np.mean(v)) for a, v in sorted(by.items())}}
 
 
 def critic_agreement(critic_dir: Path, per_type: int = 300) -> tuple[dict[str, float], float | None]:
@@ -214,7 +218,9 @@ def table(report: dict[str, Any]) -> str:
                  "(beyond the paper)")
     g = report.get("gold_passage") or {}
     if g.get("n"):
-        lines.append(f"reading ceiling, factual questions with their gold passage only (n={g['n']}): {g['accuracy']:.3f}")
+        lines.append(f"reading ceiling, factual questions with their gold passage only (n={g['n']}): {g['accuracy']:.3f}"
+                     + (" (" + ", ".join(f"{a} {v:.2f}" for a, v in g["by_attribute"].items()) + ")"
+                        if g.get("by_attribute") else ""))
     if report.get("critic_agreement"):
         lines.append("critic agreement with ground truth: " +
                      ", ".join(f"{k} {v:.2f}" for k, v in report["critic_agreement"].items()))
@@ -306,7 +312,7 @@ def run_demo(args: argparse.Namespace) -> int:
         reading = work / "retrain" / "base_reading.done"
         if reading.exists():
             report["retrained"]["base_reading"] = {k: v for k, v in json.loads(reading.read_text()).items()
-                                                   if k in ("with_passage", "closed_book", "n")}
+                                                   if k in ("with_passage", "closed_book", "n", "by_attribute")}
     from selfrag_jax.models.checkpoint import load_model
 
     tok = load_model(models / "generator")[2]

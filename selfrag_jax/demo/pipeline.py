@@ -138,8 +138,9 @@ class Stages:
         result["relevance"] = relevance_accuracy(base, self.out / "world", n=200)
         result["induction"] = induction_accuracy(base)
         result["induction_spaced"] = induction_accuracy(base, spaced=True)
-        self.log(f"base model, held-out questions: {result['with_passage']:.2f} match with the gold passage, "
-                 f"{result['closed_book']:.2f} without; \"I don't know.\" to look-alike / lacking / own passages: " +
+        self.log(f"base model, held-out questions: {result['with_passage']:.2f} match with the gold passage ("
+                 + ", ".join(f"{a} {v:.2f}" for a, v in result["by_attribute"].items()) +
+                 f"), {result['closed_book']:.2f} without; \"I don't know.\" to look-alike / lacking / own passages: " +
                  ", ".join(f"{k} {v['refused_lookalike']:.2f} / {v['refused_lacking']:.2f} / {v['refused_own']:.2f}"
                            for k, v in result["relevance"].items() if k != "n") +
                  f"; a repeated random sequence's second copy predicted {result['induction']['second_accuracy']:.2f}"
