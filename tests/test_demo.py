@@ -108,6 +108,9 @@ def test_pipeline_stage_configs_chain(tmp_path):
     assert (full.optim.schedule, full.num_steps, full.optim.schedule_steps) == ("cosine", 3500, 0)
     assert cfgs["base"].num_steps == 1800 and cfgs["base"].optim.schedule_steps == full.num_steps  # a prefix of it
     assert (full.optim.b2, cfgs["base"].optim.b2) == (0.999, 0.95)  # only the reduced base changes Adam's b2
+    # and only the reduced base reads the repeat documents, its WORLD placeholder filled in
+    assert cfgs["base"].data.train_files == [str(tmp_path / "world" / f) for f in ("pretrain.jsonl", "repeat.jsonl")]
+    assert (cfgs["base"].data.mixture_rates, full.data.train_files) == ({"repeat": 0.25}, cfgs["base"].data.train_files[:1])
     assert stages.config("base", ["num_steps=7"]).num_steps == 7  # a caller's override wins over the budget
     assert stages.config("critic", ["optim.learning_rate=3e-4"]).optim.learning_rate == 3e-4
 

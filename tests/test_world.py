@@ -354,6 +354,24 @@ def test_pretrain_text_has_passages_and_lookups(built):
     assert any(t.startswith("Question: ") for t in texts)
 
 
+def test_fresh_reading_people_have_values_no_prior_predicts(built):
+    """The fresh people of the reading documents play any of 78 instruments and were born in
+    any year 1000-1999 (a base answered one instrument, and one year, for every held-out
+    question when the reading documents drew them from the world's 16 and 1780-1960); the
+    world's own people keep the world's values, so evaluation is unchanged."""
+    from selfrag_jax.world.kb import INSTRUMENTS, MORE_INSTRUMENTS
+
+    out, _ = built
+    text = "\n".join(r["text"] for r in load(out, "pretrain.jsonl"))
+    played = set(re.findall(r"play(?:ed|ing) the ([a-z]+)\.", text))
+    assert played <= set(INSTRUMENTS + MORE_INSTRUMENTS) and len(played & set(MORE_INSTRUMENTS)) > 40
+    years = {int(y) for y in re.findall(r"born in (?:the year )?(\d{4})", text)}
+    assert min(years) < 1100 and max(years) > 1900 and len(years) > 300
+    people = [e for e in load(out, "entities.jsonl") if e["type"] == "person"]
+    assert {e["instrument"] for e in people} <= set(INSTRUMENTS)
+    assert all(1780 <= int(e["birth_year"]) <= 1960 for e in people)
+
+
 def test_repeat_docs_say_the_same_training_names_twice(built):
     """Only copying predicts a repeat document's second half: random words of the world's
     training names, the same words again."""

@@ -26,6 +26,18 @@ INSTRUMENTS = (
     "lute", "harp", "flute", "drum", "fiddle", "horn", "zither", "oboe", "cello", "piano",
     "organ", "trumpet", "bagpipe", "mandolin", "clarinet", "viola",
 )
+# More instruments for the fresh reading people only (pretrain.py): with 16 values a base that
+# had not learnt to copy them answered one instrument for every question.
+MORE_INSTRUMENTS = (
+    "accordion", "balalaika", "banjo", "bassoon", "bouzouki", "bugle", "carillon", "celesta",
+    "cimbalom", "cittern", "clavichord", "concertina", "cornet", "cymbal", "dulcimer", "euphonium",
+    "fife", "flugelhorn", "glockenspiel", "gong", "guitar", "harmonica", "harmonium", "harpsichord",
+    "kazoo", "lyre", "marimba", "melodeon", "ocarina", "piccolo", "psaltery", "rebec", "recorder",
+    "sackbut", "sarangi", "saxophone", "shawm", "sitar", "spinet", "tabla", "tambourine", "theorbo",
+    "timpani", "triangle", "trombone", "tuba", "ukulele", "vibraphone", "viol", "virginal",
+    "xylophone", "bodhran", "crumhorn", "gittern", "kalimba", "koto", "oud", "shamisen", "erhu",
+    "bandura", "kantele", "guzheng",
+)
 TRAITS = (
     "patience", "humour", "kindness", "courage", "curiosity", "precision", "generosity",
     "stubbornness", "modesty", "energy", "honesty", "charm",
@@ -184,9 +196,12 @@ def make_knowledge_base(
     n_first_names: int = 160,
     heldout_fraction: float = 0.15,
     two_passage_fraction: float = 0.6,
+    instruments: tuple[str, ...] = INSTRUMENTS,
+    birth_years: tuple[int, int] = (1780, 1960),
 ) -> KnowledgeBase:
     """Draws the whole knowledge base from `seed`. First names are dealt round-robin so each
-    is shared by at least two people (look-alikes always exist)."""
+    is shared by at least two people (look-alikes always exist). `instruments` and
+    `birth_years` (inclusive) are the values people draw from."""
     rng = random.Random(seed)
     names = _NameMaker(rng)
     provinces = [names.make(2) for _ in range(8)]
@@ -221,9 +236,9 @@ def make_knowledge_base(
         people.append(Person(
             id=f"person-{i:04d}", first=first, gender=gender,
             last=names.make(rng.choice((2, 2, 3)), rng.choice(_SURNAME_ENDS) if rng.random() < 0.5 else "", max_len=12),
-            birthplace=rng.choice(places).name, birth_year=rng.randint(1780, 1960),
+            birthplace=rng.choice(places).name, birth_year=rng.randint(*birth_years),
             occupation=rng.choice(OCCUPATIONS), employer=rng.choice(orgs).name,
-            instrument=rng.choice(INSTRUMENTS), split=split,
+            instrument=rng.choice(instruments), split=split,
             n_passages=2 if rng.random() < two_passage_fraction else 1,
             mentor=mentor, trait=rng.choice(TRAITS),
         ))

@@ -17,6 +17,7 @@ from ..tokens import passage_text
 from .core import World
 from .critic_data import isrel_input
 from .generator_data import lookalike_passage
+from .kb import INSTRUMENTS, MORE_INSTRUMENTS
 from .tasks import QUESTIONS, REFUSAL, TaskMaker
 
 
@@ -51,6 +52,13 @@ class PretrainConfig:
     # 0.873 from the v5 base with the same critics), so the shipped models keep 0.5 / 0.0.
     relevance_forms_lookalike_share: float = 0.5
     relevance_forms_lacking_share: float = 0.0  # of all documents; people with one passage have no lacking case (~12% in all)
+    # The fresh people's instruments and birth years: wider than the world's own (16
+    # instruments, 1780-1960), so that no prior answers for the passage. Drawn from the world's
+    # sets, a reduced base read birthplaces, employers and occupations (0.90-1.00) and answered
+    # one instrument for every held-out question (0.05); with 78 instruments it read them 1.00
+    # at the same step (assets/default/README.md, "The reduced base").
+    fresh_instruments: tuple[str, ...] = INSTRUMENTS + MORE_INSTRUMENTS
+    fresh_birth_years: tuple[int, int] = (1000, 1999)
     # The repeat set (`repeat.jsonl`): 10-40 of the world's name words in random order, a
     # newline, the same words again. Only copying by content predicts the second half, the
     # skill a critic needs to tell a passage that states the answer's value from one that
@@ -161,13 +169,13 @@ def pretrain_texts(world: World, seed: int, cfg: PretrainConfig = PretrainConfig
 def fresh_reading(world: World, seed: int, cfg: PretrainConfig) -> list[str]:
     """Reading documents about people of a separate, never-reused knowledge base, with a
     look-alike beside the passage half of the time."""
-    return _fresh_docs(world, seed + 1_000_003, random.Random(seed * 7 + 11), cfg.n_fresh_reading,
+    return _fresh_docs(world, seed + 1_000_003, random.Random(seed * 7 + 11), cfg.n_fresh_reading, cfg,
                        lambda w, p, rng: reading_doc(w, p, rng, p.split, cfg.questions_per_reading))
 
 
 def anneal_texts(world: World, seed: int, cfg: PretrainConfig) -> list[str]:
     """The anneal stage's reading documents: fresh people again, every look-alike hard."""
-    return _fresh_docs(world, seed + 5_000_011, random.Random(seed * 7 + 13), cfg.n_anneal_reading,
+    return _fresh_docs(world, seed + 5_000_011, random.Random(seed * 7 + 13), cfg.n_anneal_reading, cfg,
                        lambda w, p, rng: reading_doc(w, p, rng, p.split, cfg.questions_per_reading, hard=True))
 
 
@@ -178,7 +186,7 @@ def relevance_texts(world: World, seed: int, cfg: PretrainConfig, all_forms: boo
         forms, lookalike, lacking = RELEVANCE_FORMS, cfg.relevance_forms_lookalike_share, cfg.relevance_forms_lacking_share
     else:
         forms, lookalike, lacking = RELEVANCE_FORMS[:1], cfg.relevance_lookalike_share, 0.0
-    return _fresh_docs(world, seed + 7_000_003, random.Random(seed * 7 + 17), cfg.n_relevance,
+    return _fresh_docs(world, seed + 7_000_003, random.Random(seed * 7 + 17), cfg.n_relevance, cfg,
                        lambda w, p, rng: relevance_doc(w, p, rng, p.split, lookalike, forms, lacking))
 
 
@@ -195,7 +203,7 @@ def repeat_texts(world: World, seed: int, cfg: PretrainConfig) -> list[str]:
     return docs
 
 
-def _fresh_docs(world: World, kb_seed: int, rng: random.Random, n: int, doc) -> list[str]:
+def _fresh_docs(world: World, kb_seed: int, rng: random.Random, n: int, cfg: PretrainConfig, doc) -> list[str]:
     """`doc(fresh_world, person, rng)` for n people of knowledge base `kb_seed`. Names that
     collide with the main world's (first or last name of anyone there) are skipped, so
     held-out people stay unseen."""
@@ -204,6 +212,6 @@ def _fresh_docs(world: World, kb_seed: int, rng: random.Random, n: int, doc) -> 
     from .core import make_world
 
     taken = {part for p in world.kb.people for part in (p.first, p.last)}
-    fresh = make_world(kb_seed, n + n // 4)
+    fresh = make_world(kb_seed, n + n // 4, instruments=cfg.fresh_instruments, birth_years=cfg.fresh_birth_years)
     people = [p for p in fresh.kb.people if p.first not in taken and p.last not in taken]
     return [doc(fresh, p, rng) for p in people[:n]]
