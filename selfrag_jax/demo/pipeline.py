@@ -36,8 +36,10 @@ ASSETS = Path(__file__).resolve().parents[1] / "assets" / "default"
 # runs were measured without the reading stage.
 BUDGETS = {
     "full": {},
-    # The reduced base also reads the world's repeat documents (a fifth of its documents): they
-    # bring copying by content within its 1,800 steps (assets README, "The reduced base").
+    # The reduced base also reads the world's repeat documents (a fifth of its documents): with
+    # them it read 0.565 at step 1,800 (one draw; 0.455 at 1,200 without). The copying by
+    # content they start (0.12 at step 1,200) is gone after the anneals (assets README,
+    # "The reduced base").
     "reduced": {"base": ["num_steps=1800", "optim.schedule_steps={config_steps}", "optim.b2=0.95",
                          "data.train_files=[WORLD/pretrain.jsonl,WORLD/repeat.jsonl]", "data.mixture_rates={repeat: 0.25}"],
                 "anneal": ["num_steps=200"], "anneal2": ["num_steps=100"], "critic": ["num_steps=150"],
