@@ -372,6 +372,20 @@ def test_fresh_reading_people_have_values_no_prior_predicts(built):
     assert all(1780 <= int(e["birth_year"]) <= 1960 for e in people)
 
 
+def test_world_values_follow_the_knowledge_base_sets():
+    """Wrong answer choices and false claims come from the sets the people drew from, so a
+    knowledge base with wider sets (the fresh reading people's) offers its own values."""
+    from selfrag_jax.world.kb import INSTRUMENTS, MORE_INSTRUMENTS
+
+    world = make_world(5, 60)
+    assert world.values("instrument") == list(INSTRUMENTS)
+    assert world.values("birth_year") == [str(y) for y in range(1780, 1961)]
+    wide = make_world(5, 60, instruments=INSTRUMENTS + MORE_INSTRUMENTS, birth_years=(1000, 1999))
+    assert wide.values("instrument") == list(INSTRUMENTS + MORE_INSTRUMENTS)
+    assert wide.values("birth_year") == [str(y) for y in range(1000, 2000)]
+    assert {p.instrument for p in wide.kb.people} <= set(wide.values("instrument"))
+
+
 def test_repeat_docs_say_the_same_training_names_twice(built):
     """Only copying predicts a repeat document's second half: random words of the world's
     training names, the same words again."""

@@ -140,7 +140,8 @@ def practice_world(cfg: WorldConfig, world: World) -> World:
     named = {g.name for g in ghosts}
     people = [p for p in full.kb.people if not {p.first, p.last} & taken and (not p.mentor or p.mentor in named)]
     keep = {p.id for p in people}
-    kb = KnowledgeBase(full.kb.seed, people, full.kb.places, full.kb.orgs, [g for g in ghosts if g.student_id in keep])
+    kb = KnowledgeBase(full.kb.seed, people, full.kb.places, full.kb.orgs, [g for g in ghosts if g.student_id in keep],
+                       full.kb.instruments, full.kb.birth_years)
     return World(kb, [replace(p, id="p" + p.id) for p in full.passages
                       if p.entity_id in keep or not p.entity_id.startswith("person-")])
 

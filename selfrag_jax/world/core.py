@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .kb import INSTRUMENTS, OCCUPATIONS, KnowledgeBase, Person, make_knowledge_base
+from .kb import OCCUPATIONS, KnowledgeBase, Person, make_knowledge_base
 from .passages import Passage, make_passages
 
 
@@ -37,8 +37,9 @@ class World:
         if attribute == "occupation":
             return list(OCCUPATIONS)
         if attribute == "instrument":
-            return list(INSTRUMENTS)
-        return [str(y) for y in range(1780, 1961)]
+            return list(self.kb.instruments)
+        first, last = self.kb.birth_years
+        return [str(y) for y in range(first, last + 1)]
 
 
 def make_world(seed: int = 0, n_people: int = 2000, **kb_options) -> World:

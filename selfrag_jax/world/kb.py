@@ -26,6 +26,7 @@ INSTRUMENTS = (
     "lute", "harp", "flute", "drum", "fiddle", "horn", "zither", "oboe", "cello", "piano",
     "organ", "trumpet", "bagpipe", "mandolin", "clarinet", "viola",
 )
+BIRTH_YEARS = (1780, 1960)  # inclusive
 # More instruments for the fresh reading people only (pretrain.py): with 16 values a base that
 # had not learnt to copy them answered one instrument for every question.
 MORE_INSTRUMENTS = (
@@ -139,6 +140,8 @@ class KnowledgeBase:
     places: list[Place]
     orgs: list[Org]
     ghosts: list[Ghost]
+    instruments: tuple[str, ...] = INSTRUMENTS  # the values people drew from (World.values)
+    birth_years: tuple[int, int] = BIRTH_YEARS
     _by_value: dict[tuple[str, str], list[Person]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:  # people by (attribute, value), for `lookalikes`
@@ -197,7 +200,7 @@ def make_knowledge_base(
     heldout_fraction: float = 0.15,
     two_passage_fraction: float = 0.6,
     instruments: tuple[str, ...] = INSTRUMENTS,
-    birth_years: tuple[int, int] = (1780, 1960),
+    birth_years: tuple[int, int] = BIRTH_YEARS,
 ) -> KnowledgeBase:
     """Draws the whole knowledge base from `seed`. First names are dealt round-robin so each
     is shared by at least two people (look-alikes always exist). `instruments` and
@@ -242,4 +245,4 @@ def make_knowledge_base(
             n_passages=2 if rng.random() < two_passage_fraction else 1,
             mentor=mentor, trait=rng.choice(TRAITS),
         ))
-    return KnowledgeBase(seed, people, places, orgs, ghosts)
+    return KnowledgeBase(seed, people, places, orgs, ghosts, tuple(instruments), tuple(birth_years))

@@ -55,9 +55,10 @@ class PretrainConfig:
     # The fresh people's instruments and birth years: wider than the world's own (16
     # instruments, 1780-1960), so that no prior answers for the passage. Drawn from the world's
     # sets, a reduced base read birthplaces, employers and occupations (0.90-1.00) and answered
-    # one instrument for every held-out question (0.05); with 78 instruments it read them 1.00
-    # at the same step; birth years stayed at 0.00 with either range (assets/default/README.md,
-    # "The reduced base").
+    # one instrument for every held-out question (0.05); with 78 instruments one draw read them
+    # 1.00 at the same step and another not yet (its phase change came later), and the retrain's
+    # base 1.00 after its anneals; birth years stayed at 0.00 with either range
+    # (assets/default/README.md, "The reduced base").
     fresh_instruments: tuple[str, ...] = INSTRUMENTS + MORE_INSTRUMENTS
     fresh_birth_years: tuple[int, int] = (1000, 1999)
     # The repeat set (`repeat.jsonl`): 10-40 of the world's name words in random order, a
