@@ -84,7 +84,30 @@ def test_demo_fast_variant(tmp_path, capsys):
     rel = relevance_accuracy(tmp_path / "models" / "generator", work / "world", n=4, batch_size=3)
     assert rel["n"] == 4 and set(rel) == {"n", *RELEVANCE_FORMS}
     for form in RELEVANCE_FORMS:
-        assert all(0 <= rel[form][k] <= 1 for k in ("answered_own", "refused_own", "refused_lookalike", "refused_lacking"))
+        assert all(0 <= rel[form][k] <= 1 for k in ("answered_own", "refused_own", "refused_lookalike", "refused_lacking",
+                                                    "refusal_auc"))
+
+
+def test_refusal_auc_reads_the_next_token():
+    """The AUC is the pairwise rate with ties at half, and the log-probabilities it ranks are the
+    model's own next-token ones at each prompt's last real position, whatever the padding."""
+    import jax
+    import numpy as np
+
+    from selfrag_jax.demo.pipeline import ASSETS
+    from selfrag_jax.demo.probe import auc, next_token_logprobs, probe_model
+    from selfrag_jax.models.llama import Llama
+
+    assert auc([0, 1], [2, 3]) == 1.0 and auc([2, 3], [0, 1]) == 0.0 and auc([1, 1], [1, 1]) == 0.5
+    assert auc([0, 2], [1]) == 0.5 and np.isnan(auc([], [1]))
+    model = probe_model(ASSETS / "critic")
+    config, params, tok = model
+    prompts = ["Question: Who was Trouzy Rawyth?\nAnswer: ", "Hi"]
+    got = next_token_logprobs(model, prompts, 5, batch_size=2)
+    for p, g in zip(prompts, got):  # each alone, unpadded
+        ids = np.asarray([[tok.bos_id, *tok.encode_text(p)]])
+        want = jax.nn.log_softmax(Llama(config).apply({"params": params}, ids)[0][0, -1].astype("float32"))[5]
+        assert abs(float(want) - float(g)) < 1e-3
 
 
 def test_pipeline_stage_configs_chain(tmp_path):

@@ -148,6 +148,7 @@ class Stages:
                  + ", ".join(f"{a} {v:.2f}" for a, v in result["by_attribute"].items()) +
                  f"), {result['closed_book']:.2f} without; \"I don't know.\" to look-alike / lacking / own passages: " +
                  ", ".join(f"{k} {v['refused_lookalike']:.2f} / {v['refused_lacking']:.2f} / {v['refused_own']:.2f}"
+                           f" (look-alike above own: AUC {v['refusal_auc']:.2f})"
                            for k, v in result["relevance"].items() if k != "n") +
                  f"; a repeated random sequence's second copy predicted {result['induction']['second_accuracy']:.2f}"
                  f" (as words: {result['induction_spaced']['second_accuracy']:.2f})")

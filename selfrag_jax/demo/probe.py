@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -53,6 +54,32 @@ def _greedy_lines(model, prompts: list[str], batch_size: int, max_new_tokens: in
                                  stop, tok.eos_id)
         lines += [tok.decode(row[row != tok.eos_id]).strip().split("\n")[0] for row in np.asarray(new)]
     return lines
+
+
+def next_token_logprobs(model, prompts: list[str], token_id: int, batch_size: int = 50) -> np.ndarray:
+    """log p(`token_id`) as the next token after each prompt: one forward pass per batch, rows
+    right-padded (causal attention never sees the padding) to a multiple of 64 tokens so a few
+    shapes compile."""
+    from selfrag_jax.inference.decode import pad_batch
+    from selfrag_jax.models.llama import Llama
+
+    config, params, tok = model
+    forward = jax.jit(lambda p, x: Llama(config).apply({"params": p}, x)[0])
+    out = []
+    for start in range(0, len(prompts), batch_size):
+        rows = [[tok.bos_id, *tok.encode_text(p)] for p in prompts[start:start + batch_size]]
+        tokens, lengths = pad_batch(rows, tok.eos_id, -(-max(map(len, rows)) // 64) * 64)
+        logp = jax.nn.log_softmax(forward(params, jnp.asarray(tokens)).astype(jnp.float32), -1)
+        out.append(np.asarray(logp[np.arange(len(rows)), lengths - 1, token_id]))
+    return np.concatenate(out) if out else np.zeros(0, np.float32)
+
+
+def auc(negatives, positives) -> float:
+    """P(a positive scores above a negative), ties counted half: 0.5 is no separation."""
+    a, b = np.asarray(negatives, np.float64)[None], np.asarray(positives, np.float64)[:, None]
+    if not a.size or not b.size:
+        return float("nan")
+    return float((b > a).mean() + 0.5 * (b == a).mean())
 
 
 def probe_model(model):
@@ -107,7 +134,10 @@ def relevance_accuracy(model_dir: str | Path | tuple, world_dir: str | Path, n: 
     with its gold passage, once with a look-alike's and once with another passage of the
     person's that lacks the asked fact (where they have one), in each of `forms`: {form:
     {"answered_own": match rate with the gold passage, "refused_own", "refused_lookalike",
-    "refused_lacking": rates of REFUSAL}}."""
+    "refused_lacking": rates of REFUSAL, "refusal_auc": P(p(REFUSAL) is higher after a
+    look-alike's passage than after the gold one)}}. The rates are greedy and a base unsure of
+    the name refuses both alike (0.92 vs 0.84 for one that did not match names at all); the
+    AUC of REFUSAL's first-token probability shows matching before it moves the argmax."""
     import random
 
     from selfrag_jax.evaluation.metrics import match
@@ -132,14 +162,16 @@ def relevance_accuracy(model_dir: str | Path | tuple, world_dir: str | Path, n: 
     rate = lambda hits, of: sum(hits) / max(len(of), 1)  # noqa: E731
     for name, form in forms.items():
         # all three sets in one generation call: one compiled shape, fewer dispatches
-        texts = _greedy_lines(model, [form.format(q=q, p=T.passage_text(p.title, p.text)) for q, p in own + other + lacking],
-                              batch_size, max_new_tokens)
+        prompts = [form.format(q=q, p=T.passage_text(p.title, p.text)) for q, p in own + other + lacking]
+        texts = _greedy_lines(model, prompts, batch_size, max_new_tokens)
+        refusal = next_token_logprobs(model, prompts[:2 * len(own)], model[2].encode_text(REFUSAL)[0], batch_size)
         a, b = len(own), len(own) + len(other)
         said_own, said_other, said_lacking = texts[:a], texts[a:b], texts[b:]
         out[name] = {"answered_own": rate((match(t, r["answers"]) for t, r in zip(said_own, records)), records),
                      "refused_own": rate((t == REFUSAL for t in said_own), records),
                      "refused_lookalike": rate((t == REFUSAL for t in said_other), records),
                      "refused_lacking": rate((t == REFUSAL for t in said_lacking), lacking),
+                     "refusal_auc": auc(refusal[:a], refusal[a:]),
                      "lookalike_examples": said_other[:3]}
     return out
 
