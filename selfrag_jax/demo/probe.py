@@ -12,6 +12,7 @@ same questions without the passage give the closed-book floor.
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 
 import jax
@@ -56,21 +57,30 @@ def _greedy_lines(model, prompts: list[str], batch_size: int, max_new_tokens: in
     return lines
 
 
-def next_token_logprobs(model, prompts: list[str], token_id: int, batch_size: int = 50) -> np.ndarray:
-    """log p(`token_id`) as the next token after each prompt: one forward pass per batch, rows
-    right-padded (causal attention never sees the padding) to a multiple of 64 tokens so a few
-    shapes compile."""
-    from selfrag_jax.inference.decode import pad_batch
+@partial(jax.jit, static_argnames=("config",))
+def _last_logprobs(params, config, tokens, lengths):
+    """Next-token log-probabilities at each row's last real position only: [B, V] float32."""
     from selfrag_jax.models.llama import Llama
 
+    model = Llama(config)
+    hidden, _ = model.apply({"params": params}, tokens, return_hidden=True)
+    last = jnp.take_along_axis(hidden, (lengths - 1)[:, None, None], axis=1)
+    return jax.nn.log_softmax(model.apply({"params": params}, last, method=Llama.logits)[:, 0], -1)
+
+
+def next_token_logprobs(model, prompts: list[str], token_id: int, batch_size: int = 50) -> np.ndarray:
+    """log p(`token_id`) as the next token after each prompt: one forward pass per batch, rows
+    right-padded (causal attention never sees the padding) to the engine's length buckets so a
+    few shapes compile."""
+    from selfrag_jax.inference.decode import pad_batch
+    from selfrag_jax.inference.engine import bucket_length
+
     config, params, tok = model
-    forward = jax.jit(lambda p, x: Llama(config).apply({"params": p}, x)[0])
     out = []
     for start in range(0, len(prompts), batch_size):
         rows = [[tok.bos_id, *tok.encode_text(p)] for p in prompts[start:start + batch_size]]
-        tokens, lengths = pad_batch(rows, tok.eos_id, -(-max(map(len, rows)) // 64) * 64)
-        logp = jax.nn.log_softmax(forward(params, jnp.asarray(tokens)).astype(jnp.float32), -1)
-        out.append(np.asarray(logp[np.arange(len(rows)), lengths - 1, token_id]))
+        tokens, lengths = pad_batch(rows, tok.eos_id, bucket_length(max(map(len, rows))))
+        out.append(np.asarray(_last_logprobs(params, config, jnp.asarray(tokens), jnp.asarray(lengths))[:, token_id]))
     return np.concatenate(out) if out else np.zeros(0, np.float32)
 
 
