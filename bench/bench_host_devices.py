@@ -36,7 +36,7 @@ def measure(steps: int, small: bool) -> dict:
     from selfrag_jax.training.trainer import Trainer, make_optimizer, make_schedule
 
     # configs/default/base.yaml's model on the bundled world's vocabulary size
-    config = preset("tiny", vocab_size=3016, hidden_size=128, intermediate_size=384, num_layers=4, num_heads=4,
+    config = preset("tiny", vocab_size=3016, hidden_size=128, intermediate_size=384, num_layers=4, num_heads=4, head_dim=16,
                     num_kv_heads=2, tie_word_embeddings=True, max_position_embeddings=512, scan_layers=False)
     batch, seq = (8, 64) if small else (32, 256)
     cfg = load_config(None, [f"global_batch_size={batch}", f"data.seq_len={seq}", "loss_averaging=per_token",

@@ -189,3 +189,15 @@ def test_cli_convert_errors_are_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "config.json" in err[0]
     assert not (tmp_path / "out").exists()
+
+
+def test_preset_override_derives_head_dim_again():
+    """base.yaml's 128-wide, 4-head override of the 64-wide tiny preset once kept tiny's heads of 16."""
+    from selfrag_jax.models.config import preset
+
+    assert preset("tiny", hidden_size=128).head_dim == 32
+    assert preset("tiny", num_heads=8, num_kv_heads=2).head_dim == 8
+    assert preset("tiny", hidden_size=128, head_dim=16).head_dim == 16  # set: kept
+    explicit = preset("tiny", head_dim=48)  # not derived: a new width keeps it
+    assert explicit.replace(hidden_size=128).head_dim == 48
+    assert preset("tiny", vocab_size=100).head_dim == 16  # the shape unchanged

@@ -71,6 +71,12 @@ class LlamaConfig:
             raise ValueError(f"remat_policy={self.remat_policy!r} is not one of {REMAT_POLICIES}")
 
     def replace(self, **changes) -> "LlamaConfig":
+        """A copy with `changes`. A head_dim that was derived (hidden_size // num_heads) is
+        derived again from the new shape unless `changes` sets it: `preset("tiny",
+        hidden_size=128)` has heads of 32, not the 16 of tiny's 64 wide."""
+        reshaped = "hidden_size" in changes or "num_heads" in changes
+        if reshaped and "head_dim" not in changes and self.head_dim * self.num_heads == self.hidden_size:
+            changes["head_dim"] = 0
         return dataclasses.replace(self, **changes)
 
     # --- sizes used by MFU accounting and memory plans -------------------------------
