@@ -134,6 +134,8 @@ def test_pipeline_stage_configs_chain(tmp_path):
     # and only the reduced base reads the repeat documents, its WORLD placeholder filled in
     assert cfgs["base"].data.train_files == [str(tmp_path / "world" / f) for f in ("pretrain.jsonl", "repeat.jsonl")]
     assert (cfgs["base"].data.mixture_rates, full.data.train_files) == ({"repeat": 0.25}, cfgs["base"].data.train_files[:1])
+    # heads of 32 in the reduced base, the shipped models' 16 in the full one (base.yaml names it)
+    assert (full.model.overrides["head_dim"], cfgs["base"].model.overrides["head_dim"]) == (16, 32)
     assert stages.config("base", ["num_steps=7"]).num_steps == 7  # a caller's override wins over the budget
     assert stages.config("critic", ["optim.learning_rate=3e-4"]).optim.learning_rate == 3e-4
 
