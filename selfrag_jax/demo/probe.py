@@ -64,8 +64,7 @@ def _last_logprobs(params, config, tokens, lengths):
 
     model = Llama(config)
     hidden, _ = model.apply({"params": params}, tokens, return_hidden=True)
-    last = jnp.take_along_axis(hidden, (lengths - 1)[:, None, None], axis=1)
-    return jax.nn.log_softmax(model.apply({"params": params}, last, method=Llama.logits)[:, 0], -1)
+    return jax.nn.log_softmax(model.apply({"params": params}, hidden, lengths, method=Llama.last_logits), -1)
 
 
 def next_token_logprobs(model, prompts: list[str], token_id: int, batch_size: int = 50) -> np.ndarray:

@@ -217,9 +217,7 @@ class Engine:
         return Llama(self.config)
 
     def _last_logits(self, params, hidden, lengths):
-        """Project only each row's last real position onto the vocabulary: [B, V] float32."""
-        last = jnp.take_along_axis(hidden, (lengths - 1)[:, None, None], axis=1)
-        return self._model().apply({"params": params}, last, method=Llama.logits)[:, 0]
+        return self._model().apply({"params": params}, hidden, lengths, method=Llama.last_logits)
 
     def _prefill_impl(self, params, tokens, lengths):
         b, p = tokens.shape

@@ -287,6 +287,12 @@ class Llama(nn.Module):
         logits = dense(hidden.astype(jnp.float32), w.astype(jnp.float32))
         return constrain(logits, "activation_batch", "activation_length", "activation_vocab")
 
+    def last_logits(self, hidden: jax.Array, lengths: jax.Array) -> jax.Array:
+        """`logits` of each right-padded row's last real position only (`lengths` [B]): [B, V]
+        float32, without projecting the padding or the prompt onto the vocabulary."""
+        last = jnp.take_along_axis(hidden, (lengths - 1)[:, None, None], axis=1)
+        return self.logits(last)[:, 0]
+
 
 # --------------------------------------------------------------------------------------
 # Parameter helpers
