@@ -71,12 +71,6 @@ class LlamaConfig:
             raise ValueError(f"remat_policy={self.remat_policy!r} is not one of {REMAT_POLICIES}")
 
     def replace(self, **changes) -> "LlamaConfig":
-        """A copy with `changes`. A head_dim that was derived (hidden_size // num_heads) is
-        derived again from the new shape unless `changes` sets it: `preset("tiny",
-        hidden_size=128)` has heads of 32, not the 16 of tiny's 64 wide."""
-        reshaped = "hidden_size" in changes or "num_heads" in changes
-        if reshaped and "head_dim" not in changes and self.head_dim * self.num_heads == self.hidden_size:
-            changes["head_dim"] = 0
         return dataclasses.replace(self, **changes)
 
     # --- sizes used by MFU accounting and memory plans -------------------------------
@@ -193,27 +187,31 @@ def to_hf_dict(cfg: LlamaConfig) -> dict[str, Any]:
 
 SELFRAG_VOCAB = 32016  # Llama-2's 32,000 pieces + 15 reflection tokens + <pad>
 
-PRESETS: dict[str, LlamaConfig] = {
+# Each preset as the fields it sets: `preset(name, **overrides)` builds a new config from them,
+# so what the preset leaves derived (head_dim = hidden_size // num_heads) is derived from the
+# overridden shape (`preset("tiny", hidden_size=128)` has heads of 32, not tiny's 16).
+_PRESET_FIELDS: dict[str, dict[str, Any]] = {
     # Test size: small enough to compile in seconds, with GQA.
-    "tiny": LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
-                        num_kv_heads=2, max_position_embeddings=512),
+    "tiny": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
+                 num_kv_heads=2, max_position_embeddings=512),
     # Benchmark shape used across bench/ (hidden 768, 12 layers, GQA 12/4).
-    "llama-125m": LlamaConfig(vocab_size=SELFRAG_VOCAB, hidden_size=768, intermediate_size=2048, num_layers=12,
-                              num_heads=12, num_kv_heads=4, max_position_embeddings=2048),
-    "llama-1b": LlamaConfig(vocab_size=SELFRAG_VOCAB, hidden_size=2048, intermediate_size=5632, num_layers=22,
-                            num_heads=32, num_kv_heads=4, max_position_embeddings=2048),
-    "llama2-7b": LlamaConfig(),
-    "llama2-13b": LlamaConfig(hidden_size=5120, intermediate_size=13824, num_layers=40, num_heads=40, num_kv_heads=40),
-    "llama3-8b": LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32,
-                             num_heads=32, num_kv_heads=8, max_position_embeddings=131072, rope_theta=500000.0,
-                             rope_scaling=RopeScaling("llama3", 8.0, 1.0, 4.0, 8192), bos_token_id=128000,
-                             eos_token_id=128001),
+    "llama-125m": dict(vocab_size=SELFRAG_VOCAB, hidden_size=768, intermediate_size=2048, num_layers=12,
+                       num_heads=12, num_kv_heads=4, max_position_embeddings=2048),
+    "llama-1b": dict(vocab_size=SELFRAG_VOCAB, hidden_size=2048, intermediate_size=5632, num_layers=22,
+                     num_heads=32, num_kv_heads=4, max_position_embeddings=2048),
+    "llama2-7b": dict(),
+    "llama2-13b": dict(hidden_size=5120, intermediate_size=13824, num_layers=40, num_heads=40, num_kv_heads=40),
+    "llama3-8b": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32,
+                      num_heads=32, num_kv_heads=8, max_position_embeddings=131072, rope_theta=500000.0,
+                      rope_scaling=RopeScaling("llama3", 8.0, 1.0, 4.0, 8192), bos_token_id=128000,
+                      eos_token_id=128001),
 }
-PRESETS["selfrag-7b"] = PRESETS["llama2-7b"].replace(vocab_size=SELFRAG_VOCAB, pad_token_id=32015)
-PRESETS["selfrag-13b"] = PRESETS["llama2-13b"].replace(vocab_size=SELFRAG_VOCAB, pad_token_id=32015)
+_PRESET_FIELDS["selfrag-7b"] = {**_PRESET_FIELDS["llama2-7b"], "vocab_size": SELFRAG_VOCAB, "pad_token_id": 32015}
+_PRESET_FIELDS["selfrag-13b"] = {**_PRESET_FIELDS["llama2-13b"], "vocab_size": SELFRAG_VOCAB, "pad_token_id": 32015}
+PRESETS: dict[str, LlamaConfig] = {name: LlamaConfig(**fields) for name, fields in _PRESET_FIELDS.items()}
 
 
 def preset(name: str, **overrides) -> LlamaConfig:
     if name not in PRESETS:
         raise ValueError(f"unknown model preset {name!r} (one of {', '.join(PRESETS)})")
-    return PRESETS[name].replace(**overrides)
+    return LlamaConfig(**{**_PRESET_FIELDS[name], **overrides})
