@@ -18,7 +18,7 @@ from selfrag_jax.evaluation.synthetic import synthetic_cache
 from selfrag_jax.inference.cache import load_cache, replay
 
 GRID = ("mode=adaptive|always|hard,rule=paper|released,threshold=0|0.3|0.9,seqscore=on|off,"
-        "hard=none|no_support|irrelevant|both,w_rel=0:2:2,w_sup=0|1.5,w_use=-1|0.5,w_ret=0|2,ret_temperature=0.05|0.3")
+        "hard=none|no_support|irrelevant|both,ndocs=0|1|3,w_rel=0:2:2,w_sup=0|1.5,w_use=-1|0.5,w_ret=0|2,ret_temperature=0.05|0.3")
 
 
 def test_grid_spec_and_file(tmp_path):
@@ -29,7 +29,8 @@ def test_grid_spec_and_file(tmp_path):
     (tmp_path / "g.yaml").write_text("w_sup: 0:1:3\nhard: [none, both]\nseqscore: false\n")
     grid = S.parse_grid(str(tmp_path / "g.yaml"))
     assert grid["w_sup"] == [0.0, 0.5, 1.0] and grid["hard"] == ["none", "both"] and grid["seqscore"] == ["off"]
-    for bad in ("w_rel=a:b:c", "colour=red", "rule=mine", "w_sup", "ret_temperature=0|0.1"):
+    assert S.parse_grid("ndocs=1:5:5")["ndocs"] == [1, 2, 3, 4, 5] and S.parse_grid("ndocs=2|4")["ndocs"] == [2, 4]
+    for bad in ("w_rel=a:b:c", "colour=red", "rule=mine", "w_sup", "ret_temperature=0|0.1", "ndocs=1.5", "ndocs=-1"):
         with pytest.raises(ValueError, match="grid"):
             S.parse_grid(bad)
 
@@ -42,7 +43,7 @@ def test_sweep_chooses_what_replay_chooses(task):
     rng = np.random.default_rng(0)
     gold = S._gold_rule(task)
     for g in rng.choice(len(configs), 25, replace=False):
-        rows = replay(cache, *configs[g].options())
+        rows = replay(cache, *configs[g].options(), ndocs=configs[g].ndocs)
         assert result.chosen[g].tolist() == [-1 if r["chosen"] is None else r["chosen"] for r in rows], configs[g]
         assert result.retrieved[g].tolist() == [r["retrieved"] for r in rows]
         expected = np.mean([match(r["prediction"], gold(line)) for r, line in zip(rows, cache.questions)])
@@ -77,7 +78,8 @@ def test_sweep_matches_generate_run_with_those_flags(model_dir, tmp_path):
     configs = [S.Config(), S.Config(rule="released", threshold=0.5, w_use=-1.0),
                S.Config(mode="always", seqscore="off", w_sup=2.0), S.Config(threshold=0.0, hard="both", w_rel=0.0),
                S.Config(mode="hard", hard="no_support", w_use=1.0, w_rel=2.0),
-               S.Config(mode="always", w_ret=3.0, ret_temperature=0.1), S.Config(w_ret=1.0, hard="irrelevant")]
+               S.Config(mode="always", w_ret=3.0, ret_temperature=0.1), S.Config(w_ret=1.0, hard="irrelevant"),
+               S.Config(mode="always", ndocs=2, w_ret=3.0), S.Config(mode="always", ndocs=1, seqscore="off")]
     result = S.run_sweep(S.prepare(load_cache(tmp_path / "cache")), configs, with_choices=True)
     cache = load_cache(tmp_path / "cache")
     for g, cfg in enumerate(configs):
@@ -102,13 +104,13 @@ def test_sweep_command_writes_csv_summary_and_plots(tmp_path, capsys):
     (folder / "meta.json").write_text(json.dumps(cache.meta))
     out = tmp_path / "out"
     assert main(["sweep", "--cache", str(folder), "--out", str(out),
-                 "--grid", "w_sup=0:2:5,threshold=0:1:6,rule=paper|released,hard=none|no_support"]) == 0
-    assert "120 configurations x 50 questions" in capsys.readouterr().out
+                 "--grid", "w_sup=0:2:5,threshold=0:1:6,rule=paper|released,hard=none|no_support,ndocs=2|0"]) == 0
+    assert "240 configurations x 50 questions" in capsys.readouterr().out
     rows = list(csv.DictReader(open(out / "sweep.csv")))
-    assert len(rows) == 120 and {"w_sup", "threshold", "rule", "metric", "retrieval_frequency"} <= set(rows[0])
+    assert len(rows) == 240 and {"w_sup", "threshold", "rule", "metric", "retrieval_frequency"} <= set(rows[0])
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["configurations"] == 120 and summary["best"]["metric"] == max(float(r["metric"]) for r in rows)
-    assert (out / "w_sup.png").stat().st_size > 1000 and (out / "threshold.png").stat().st_size > 1000
+    assert summary["configurations"] == 240 and summary["best"]["metric"] == max(float(r["metric"]) for r in rows)
+    assert all((out / f"{name}.png").stat().st_size > 1000 for name in ("w_sup", "threshold", "ndocs"))
     assert main(["sweep", "--cache", str(folder), "--out", str(tmp_path / "x"), "--grid", "w_sup=oops"]) == 2
     assert not (tmp_path / "x").exists()
 
@@ -123,3 +125,12 @@ def test_a_cache_without_retriever_scores_has_no_prior():
     assert [r["chosen"] for r in with_scores] != [r["chosen"] for r in paper]  # the scores did matter
     result = S.run_sweep(S.prepare(cache), [S.Config(), S.Config(w_ret=5.0)], with_choices=True)
     np.testing.assert_array_equal(result.chosen[0], result.chosen[1])
+
+
+def test_depth_refuses_a_corrective_cache():
+    """Corrective re-retrieval appends later rounds' passages: the first K are not the top K."""
+    cache = synthetic_cache(10, k=4, task="open", seed=1)
+    cache.meta["options"] = {"corrective": {"enabled": True}}
+    S.run_sweep(S.prepare(cache), [S.Config()])  # every candidate: fine
+    with pytest.raises(ValueError, match="ndocs cannot re-rank"):
+        S.run_sweep(S.prepare(cache), [S.Config(ndocs=2)])

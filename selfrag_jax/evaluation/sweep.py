@@ -2,7 +2,10 @@
 
 Why: every setting of the paper's ablations (weights, threshold and its rule, sequence
 score, hard constraints -- Fig. 3) only changes which cached candidate wins, so a grid of
-10,000 settings costs a few array passes instead of 10,000 decoding runs.
+10,000 settings costs a few array passes instead of 10,000 decoding runs. So does the
+retrieval depth: each candidate is decoded from its own passage, so `ndocs=K` (each
+question's first K cached candidates, the retriever's top K) re-ranks what `generate
+--ndocs K` would decode.
 
 Layout: questions padded to K candidates (`valid` masks the padding); per candidate the
 host precomputes exp(seq), rel, sup and use in float64 exactly as `scoring` does, whether
@@ -10,10 +13,10 @@ IsRel/IsSup labels trip the hard constraints, whether its text `match`es the gol
 closed-set tasks) the id of its normalised answer, so the device only adds, masks and takes
 arg-maxes. Retrieval decisions depend on (mode, rule, threshold) alone: the host evaluates
 each distinct one with `scoring.decide_retrieve` (float64, the same comparison `generate`
-makes) and the kernel gathers rows of that table; the retriever prior (a softmax, not
-linear in its temperature) is tabled the same way per distinct temperature. Arrays are
-[Q, K, G] with the grid last; the grid axis is sharded over a 1-D mesh of the local devices,
-in chunks that bound memory.
+makes) and the kernel gathers rows of that table; the retriever prior (a softmax over the
+kept candidates, not linear in its temperature) is tabled the same way per distinct
+(temperature, ndocs). Arrays are [Q, K, G] with the grid last; the grid axis is sharded
+over a 1-D mesh of the local devices, in chunks that bound memory.
 With several processes each takes a contiguous share of the grid; process 0 gathers.
 Choices follow `scoring.choose`: first index wins ties, closed sets sum final scores per
 answer (a segment sum over host-computed answer ids) and break exact ties by the answer
@@ -37,7 +40,7 @@ from selfrag_jax.inference.cache import SweepCache, retriever_probs
 # key -> (default, kind); the order is the CSV's column order and the grid's nesting order.
 PARAMS: dict[str, tuple[Any, str]] = {
     "mode": ("adaptive", "choice"), "rule": ("paper", "choice"), "threshold": (0.2, "float"),
-    "seqscore": ("on", "choice"), "hard": ("none", "choice"),
+    "seqscore": ("on", "choice"), "hard": ("none", "choice"), "ndocs": (0, "int"),
     "w_rel": (1.0, "float"), "w_sup": (1.0, "float"), "w_use": (0.5, "float"),
     "w_ret": (0.0, "float"), "ret_temperature": (0.05, "float"),
 }
@@ -53,6 +56,7 @@ class Config:
     threshold: float = 0.2
     seqscore: str = "on"
     hard: str = "none"
+    ndocs: int = 0  # retrieval depth: each question's first K cached candidates (0: all of them)
     w_rel: float = 1.0
     w_sup: float = 1.0
     w_use: float = 0.5
@@ -70,6 +74,7 @@ class Config:
         flags = ["--mode", self.mode, "--threshold-rule", self.rule, "--threshold", repr(self.threshold),
                  "--w-rel", repr(self.w_rel), "--w-sup", repr(self.w_sup), "--w-use", repr(self.w_use),
                  "--w-ret", repr(self.w_ret), "--ret-temperature", repr(self.ret_temperature)]
+        flags += ["--ndocs", str(self.ndocs)] if self.ndocs else []
         flags += ["--no-seqscore"] if self.seqscore == "off" else []
         flags += ["--drop-no-support"] if self.hard in ("no_support", "both") else []
         flags += ["--drop-irrelevant"] if self.hard in ("irrelevant", "both") else []
@@ -108,7 +113,7 @@ def _values(key: str, value) -> list:
     kind = PARAMS[key][1]
     if isinstance(value, list):
         values = value
-    elif isinstance(value, str) and kind == "float" and value.count(":") == 2:
+    elif isinstance(value, str) and kind in ("float", "int") and value.count(":") == 2:
         start, stop, count = value.split(":")
         try:
             values = np.linspace(float(start), float(stop), int(count)).round(10).tolist()
@@ -123,6 +128,14 @@ def _values(key: str, value) -> list:
             values = [float(v) for v in values]
         except (TypeError, ValueError):
             raise ValueError(f"grid: {key} takes numbers, got {value!r}") from None
+    elif kind == "int":
+        try:
+            numbers = [float(v) for v in values]
+        except (TypeError, ValueError):
+            raise ValueError(f"grid: {key} takes whole numbers, got {value!r}") from None
+        if any(n != int(n) or n < 0 for n in numbers):
+            raise ValueError(f"grid: {key} takes whole numbers >= 0, got {value!r}")
+        values = [int(n) for n in numbers]
     else:
         values = [{True: "on", False: "off"}.get(v, str(v)) for v in values]
         bad = [v for v in values if v not in CHOICES[key]]
@@ -231,12 +244,19 @@ def decision_table(prep: Prepared, configs: list[Config]) -> tuple[np.ndarray, n
 
 
 def prior_table(prep: Prepared, configs: list[Config]) -> tuple[np.ndarray, np.ndarray]:
-    """([T, Q, K] `scoring.retriever_prob` of each distinct temperature, [G] row per config),
-    on the host in float64 like the decisions: the softmax is the one non-linear score."""
-    temps = list(dict.fromkeys(c.ret_temperature for c in configs))
-    table = np.stack([_gather(retriever_probs(prep.cache, t), prep.rows, prep.valid, 0.0) for t in temps])
-    index = {t: i for i, t in enumerate(temps)}
-    return table.astype(np.float32), np.array([index[c.ret_temperature] for c in configs], np.int32)
+    """([T, Q, K] `scoring.retriever_prob` of each distinct (temperature, depth), [G] row per
+    config), on the host in float64 like the decisions: the softmax is the one non-linear score."""
+    keys = list(dict.fromkeys((c.ret_temperature, c.ndocs) for c in configs))
+    table = np.stack([_gather(retriever_probs(prep.cache, t, n), prep.rows, prep.valid, 0.0) for t, n in keys])
+    index = {k: i for i, k in enumerate(keys)}
+    return table.astype(np.float32), np.array([index[c.ret_temperature, c.ndocs] for c in configs], np.int32)
+
+
+def check_depths(prep: Prepared, configs: list[Config]) -> None:
+    """A depth below the cache's re-ranks the retriever's top K, which a cache with corrective
+    re-retrieval does not keep in rank order (later rounds' passages follow the first's)."""
+    if any(c.ndocs for c in configs) and (prep.cache.meta.get("options", {}).get("corrective") or {}).get("enabled"):
+        raise ValueError("grid: ndocs cannot re-rank a cache written with corrective re-retrieval")
 
 
 # --- the kernel -----------------------------------------------------------------------
@@ -250,7 +270,8 @@ def _kernel(q: dict, cfg: dict, closed: bool, with_choices: bool):
     final = (q["seq_exp"][..., None] * cfg["seq_on"] + q["rel"][..., None] * w[:, 0]
              + q["sup"][..., None] * w[:, 1] + q["use"][..., None] * w[:, 2]
              + jnp.moveaxis(q["priors"][cfg["prior"]], 0, -1) * cfg["w_ret"])  # [Q, K, G]
-    keep = (q["valid"][..., None] & ~(q["irrelevant"][..., None] & cfg["drop_irr"])
+    keep = (q["valid"][..., None] & (jnp.arange(k_n)[None, :, None] < cfg["depth"])
+            & ~(q["irrelevant"][..., None] & cfg["drop_irr"])
             & ~(q["no_support"][..., None] & cfg["drop_nosup"]))
     if closed:  # sum per answer: segment ids q * K + answer id, grid kept as a trailing axis
         seg = (jnp.arange(q_n)[:, None] * k_n + q["answer_id"]).reshape(-1)
@@ -294,6 +315,7 @@ def run_sweep(prep: Prepared, configs: list[Config], *, with_choices: bool = Fal
     devices = list(devices or jax.local_devices())
     mesh = Mesh(np.array(devices), ("grid",))
     q_n, k_n = prep.shape
+    check_depths(prep, configs)
     table, decision = decision_table(prep, configs)
     priors, prior = prior_table(prep, configs)
     rep = NamedSharding(mesh, P())
@@ -302,7 +324,7 @@ def run_sweep(prep: Prepared, configs: list[Config], *, with_choices: bool = Fal
         irrelevant=prep.irrelevant, no_support=prep.no_support, answer_id=prep.answer_id,
         match=prep.match, match_nr=prep.match_nr, decisions=table, priors=priors).items()}
     chunk = _chunk_size(chunk, len(configs), q_n * k_n, len(devices))
-    cfg_all = _config_arrays(configs, decision, prior)
+    cfg_all = _config_arrays(configs, decision, prior, k_n)
     shard_g = NamedSharding(mesh, P("grid"))
     out_shardings = {"metric": shard_g, "retrieval_frequency": shard_g}
     if with_choices:
@@ -326,8 +348,9 @@ def run_sweep(prep: Prepared, configs: list[Config], *, with_choices: bool = Fal
                        len(devices), chunk)
 
 
-def _config_arrays(configs: list[Config], decision: np.ndarray, prior: np.ndarray) -> dict[str, np.ndarray]:
+def _config_arrays(configs: list[Config], decision: np.ndarray, prior: np.ndarray, k_n: int) -> dict[str, np.ndarray]:
     return {
+        "depth": np.array([c.ndocs or k_n for c in configs], np.int32),
         "w": np.array([[c.w_rel, c.w_sup, c.w_use] for c in configs], np.float32).reshape(-1, 3),
         "w_ret": np.array([c.w_ret for c in configs], np.float32), "prior": prior,
         "seq_on": np.array([c.seqscore == "on" for c in configs], np.float32),

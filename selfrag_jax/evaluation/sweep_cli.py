@@ -5,7 +5,8 @@ the released `match` metric and the retrieval frequency), `summary.json` (best
 configuration, sizes, timing, devices) and two plots after the paper's Figure 3:
 `w_sup.png` (the metric against w_sup, one line per hard constraint, the other settings
 at the best configuration's) and `threshold.png` (the metric against retrieval frequency
-as the threshold moves, one line per threshold rule).
+as the threshold moves, one line per threshold rule); with several `ndocs`, `ndocs.png`
+(the metric against the retrieval depth, one line per hard constraint).
 """
 
 from __future__ import annotations
@@ -74,6 +75,8 @@ def write_outputs(out: Path, rows: list[dict], summary: dict, grid: dict) -> Non
         (tmp / "summary.json").write_text(S.to_json(summary) + "\n")
         plot_w_sup(rows, summary["best"], tmp / "w_sup.png")
         plot_threshold(rows, summary["best"], tmp / "threshold.png")
+        if len(grid.get("ndocs", ())) > 1:
+            plot_ndocs(rows, summary["best"], tmp / "ndocs.png")
 
 
 def _slice(rows: list[dict], best: dict, free: tuple[str, ...]) -> list[dict]:
@@ -92,6 +95,24 @@ def plot_w_sup(rows: list[dict], best: dict, path: Path) -> None:
     ax.set_xlabel("w_sup (IsSup weight)")
     ax.set_ylabel("match (%)")
     ax.set_title(f"w_rel={best['w_rel']:g} w_use={best['w_use']:g} threshold={best['threshold']:g} ({best['rule']})",
+                 fontsize=8)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_ndocs(rows: list[dict], best: dict, path: Path) -> None:
+    """The metric against the retrieval depth K: how many of the retriever's passages the
+    critique scores choose among (0 on the axis: every cached candidate)."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    for hard in dict.fromkeys(r["hard"] for r in rows):
+        pts = sorted((r["ndocs"], r["metric"]) for r in _slice(rows, {**best, "hard": hard}, ("ndocs",)))
+        ax.plot([p[0] for p in pts], [100 * p[1] for p in pts], marker="o", label=f"hard={hard}")
+    ax.set_xlabel("ndocs (retrieval depth)")
+    ax.set_ylabel("match (%)")
+    ax.set_title(f"w_rel={best['w_rel']:g} w_sup={best['w_sup']:g} w_use={best['w_use']:g} w_ret={best['w_ret']:g}",
                  fontsize=8)
     ax.legend(fontsize=8)
     fig.tight_layout()

@@ -134,39 +134,49 @@ def load_cache(folder: str | Path) -> SweepCache:
     return SweepCache(meta, questions, arrays)
 
 
-def retriever_probs(cache: SweepCache, temperature: float) -> np.ndarray:
-    """[C] `scoring.retriever_prob` of each candidate among its question's (0 where a score is
-    missing, and everywhere for a cache written before `c_ret_score`)."""
+def retriever_probs(cache: SweepCache, temperature: float, ndocs: int = 0) -> np.ndarray:
+    """[C] `scoring.retriever_prob` of each candidate among its question's first `ndocs` (0:
+    all; 0 beyond them, where a score is missing, and everywhere for a cache written before
+    `c_ret_score`)."""
     a = cache.arrays
     out = np.zeros(len(a["c_seq"]))
     if "c_ret_score" not in a:
         return out
     scores = a["c_ret_score"]
     for q in range(len(cache.questions)):
-        rows = cache.candidate_rows(q)
+        rows = depth_rows(cache, q, ndocs)
         out[rows] = scoring.retriever_prob(scores[rows], temperature)
     return out
 
 
+def depth_rows(cache: SweepCache, q: int, ndocs: int = 0) -> slice:
+    """Question q's candidate rows, its first `ndocs` only (0: all): the retriever's top K."""
+    rows = cache.candidate_rows(q)
+    return slice(rows.start, min(rows.stop, rows.start + ndocs)) if ndocs else rows
+
+
 def replay(cache: SweepCache, retrieve: scoring.RetrieveOptions, score: scoring.ScoreOptions,
-           refuse: scoring.RefuseOptions | None = None) -> list[dict[str, Any]]:
+           refuse: scoring.RefuseOptions | None = None, ndocs: int = 0) -> list[dict[str, Any]]:
     """Per question {"prediction", "retrieved", "chosen", "refused"} under new options, no
-    decoding. `refuse` defaults to the refusal options the cache was written with."""
+    decoding. `refuse` defaults to the refusal options the cache was written with; `ndocs`
+    keeps each question's first K candidates (0: all)."""
     a, task = cache.arrays, cache.meta["task"]
     if refuse is None:
         refuse = scoring.RefuseOptions(**cache.meta["options"].get("refuse", {}))
     decide = scoring.decide_retrieve(a["q_retrieve_logprobs"], a["q_greedy_retrieval"], retrieve)
     sup = scoring.sup_score(a["c_sup_probs"], a["c_sup_found"])
     use = scoring.use_score(a["c_use_probs"], a["c_use_found"])
-    final = scoring.final_score(a["c_seq"], a["c_rel"], sup, use, score, retriever_probs(cache, score.ret_temperature))
+    final = scoring.final_score(a["c_seq"], a["c_rel"], sup, use, score,
+                                retriever_probs(cache, score.ret_temperature, ndocs))
     keep = scoring.allowed(a["c_rel_label"], a["c_sup_label"], score)
     if refuse.enabled:
         keep &= scoring.passes_bar(a["c_rel"], sup, a["c_sup_label"], refuse)
     out = []
     for q, line in enumerate(cache.questions):
-        rows = cache.candidate_rows(q)
+        rows = depth_rows(cache, q, ndocs)
         retrieved = bool(decide[q]) and rows.stop > rows.start
-        chosen = scoring.choose([c["text"] for c in line["candidates"]], final[rows], keep[rows], task) if retrieved else None
+        texts = [c["text"] for c in line["candidates"]][: rows.stop - rows.start]
+        chosen = scoring.choose(texts, final[rows], keep[rows], task) if retrieved else None
         refused = refuse.enabled and bool(decide[q]) and chosen is None
         text = (refuse.message if refused else
                 line["candidates"][chosen]["text"] if chosen is not None else line["no_retrieval"]["text"])
