@@ -68,6 +68,23 @@ def test_demo_fast_variant(tmp_path, capsys):
     assert (work / "accuracy.png").stat().st_size > 1000
     out = capsys.readouterr().out
     assert "A traced example" in out and "selfrag_no_issup" in out and "reading ceiling" in out
+    assert report["ndocs"] == 5 and report["depth"] is None  # no decoding.json: the paper's depth
+
+    # the depth stage: its dev numbers are the released match of each depth's choice, by replay
+    from selfrag_jax.demo.demo import choose_depth
+    from selfrag_jax.evaluation.metrics import match
+    from selfrag_jax.inference.cache import load_cache, replay
+    from selfrag_jax.inference.scoring import RetrieveOptions, ScoreOptions
+
+    info = choose_depth(tmp_path / "models" / "generator", work / "world", work / "index", tmp_path / "depth",
+                        n=4, batch_size=3, log=lambda m: None)
+    cache = load_cache(tmp_path / "depth")
+    assert len(cache.questions) == 4 and cache.questions[0]["id"].startswith("world_dev_")
+    for k, value in info["dev_match"].items():
+        rows = replay(cache, RetrieveOptions(), ScoreOptions(), ndocs=int(k))
+        assert value == pytest.approx(sum(match(r["prediction"], q["answers"]) for r, q in zip(rows, cache.questions)) / 4,
+                                      abs=1e-4)
+    assert info["dev_match"][str(info["ndocs"])] == max(info["dev_match"].values())
 
     from selfrag_jax.demo.probe import RELEVANCE_FORMS, reading_accuracy, reading_prompts, relevance_accuracy
 
@@ -170,7 +187,7 @@ def test_pipeline_does_not_export_a_base_that_did_not_learn_to_read(tmp_path, mo
         out.mkdir()
         stages = pipeline.Stages(out, log=said.append, base_seed=4)
         for name in ("world", "index", "practice_index", "base", "anneal", "anneal2", "critic", "critic_reading",
-                     "annotate", "generator"):
+                     "annotate", "generator", "depth"):
             stages.mark(name, {})
         stages.mark("base_reading", {"with_passage": reads})
         stages.run_all(force_export=force)
@@ -206,7 +223,10 @@ def test_demo_retrain_evaluates_the_shipped_models_in_a_second_process(tmp_path,
 
     from selfrag_jax.demo.pipeline import Stages
 
+    from selfrag_jax.demo.demo import DEPTH_FILE, model_ndocs
+
     work, models, encoder = demo_inputs(tmp_path)
+    (models / DEPTH_FILE).write_text(json.dumps({"ndocs": 2, "dev_match": {"1": 0.5, "2": 0.75}, "n": 4}))
     monkeypatch.setattr(Stages, "run_all", lambda self, export=True: None)
     monkeypatch.setattr(Stages, "export", lambda self, dest: {"dest": str(shutil.copytree(models, dest))})
     assert main(["demo", "--retrain", "--workdir", str(work), "--models", str(models), "--encoder", str(encoder),
@@ -215,6 +235,14 @@ def test_demo_retrain_evaluates_the_shipped_models_in_a_second_process(tmp_path,
     assert (work / "shipped" / "report.json").exists() and (work / "retrain" / "models" / "generator").is_dir()
     assert report["retrained"]["tasks"] == report["tasks"] and set(report["tasks"]) == set(TASKS)
     assert report["retrained"]["critic_agreement"] == report["critic_agreement"]
+    # the models' own depth (chosen on the dev split) rules Self-RAG's candidates
+    assert report["ndocs"] == report["retrained"]["ndocs"] == 2 and "top 2, the depth chosen" in (work / "report.md").read_text()
+    for name in ("shipped", "retrained"):
+        rows = [json.loads(line) for line in (work / name / "predictions" / "world_qa.selfrag.jsonl").read_text().splitlines()]
+        assert all(len(r["candidates"]) <= 2 for r in rows) and any(len(r["candidates"]) == 2 for r in rows)
+    (models / DEPTH_FILE).write_text(json.dumps({"ndocs": 9}))
+    with pytest.raises(ValueError, match=r"decoding\.json: ndocs must be a whole number from 1 to 5, got 9"):
+        model_ndocs(models)
 
 
 def test_induction_probe_scores_a_perfect_copier_one():

@@ -40,6 +40,12 @@ SETTINGS = ("selfrag", "selfrag_ret", "always_top1", "no_retrieval", "selfrag_no
 # and `sweep`, as the best mean of the shipped and the reduced models (0.938 and 0.444 there, from
 # 0.880 and 0.193 at 0; assets/default/README.md).
 DEMO_W_RET = 0.4
+# Self-RAG's retrieval depth K (the paper: 5 or 10) is chosen per set of models on the dev
+# split and kept beside them (`decoding.json`, `choose_depth`): the paper's score chooses
+# among the retriever's top K, and a critic that cannot match names (the reduced retrain's)
+# chooses better among fewer look-alikes. Without the file: the paper's 5.
+PAPER_NDOCS = 5
+DEPTH_FILE = "decoding.json"
 
 
 def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
@@ -50,6 +56,52 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
                         help="first rerun the whole pipeline at a reduced budget (~45 min on 2 cores)")
     parser.add_argument("--batch-size", type=int, default=32, help="questions per engine call [32]")
     parser.add_argument("--encoder", default=None, help="HF BERT folder for the index [the bundled MiniLM]")
+
+
+def model_ndocs(models: Path) -> tuple[int, dict[str, Any] | None]:
+    """The depth chosen on the dev split for these models (`DEPTH_FILE`), else the paper's."""
+    path = models / DEPTH_FILE
+    if not path.exists():
+        return PAPER_NDOCS, None
+    info = json.loads(path.read_text())
+    ndocs = info.get("ndocs")
+    if not isinstance(ndocs, int) or not 1 <= ndocs <= PAPER_NDOCS:
+        raise ValueError(f"{path}: ndocs must be a whole number from 1 to {PAPER_NDOCS}, got {ndocs!r}")
+    return ndocs, info
+
+
+def choose_depth(generator: Path, world: Path, index: Path, cache: Path, n: int = 300, batch_size: int = 32,
+                 log=print) -> dict[str, Any]:
+    """Self-RAG's retrieval depth for this generator: decode the first `n` dev questions
+    (eval/world_qa_dev.jsonl, the held-out people's other attributes) once with the paper's
+    top-5 and both paths (`generate --cache`, written to `cache`), then `sweep` K = 1..5 under
+    the paper's score and retrieval rule. The best dev match wins, ties going to the deeper K
+    (the paper's side)."""
+    from selfrag_jax.evaluation import sweep as S
+    from selfrag_jax.inference.cache import load_cache, write_cache
+    from selfrag_jax.inference.engine import ControlIds, Engine
+    from selfrag_jax.inference.selfrag import GenerateOptions, ShortForm
+    from selfrag_jax.models.checkpoint import load_model
+    from selfrag_jax.retrieval.retriever import Retriever
+    from selfrag_jax.utils import progress
+
+    config, params, tok, _ = load_model(generator)
+    engine = Engine(params, config, ControlIds.from_tokenizer(tok), max_new_tokens=24)
+    items = load_items(world / "eval" / "world_qa_dev.jsonl", n)
+    runner = ShortForm(engine, tok, GenerateOptions(task="open", ndocs=PAPER_NDOCS, keep_both_paths=True),
+                       Retriever.from_dir(index).retrieve)
+    results = []
+    for start in progress(range(0, len(items), batch_size), desc="dev/depth", unit="batch"):
+        results += runner.run(items[start:start + batch_size])
+    write_cache(cache, results, runner.opts)
+    depths = list(range(1, PAPER_NDOCS + 1))
+    result = S.run_sweep(S.prepare(load_cache(cache)), [S.Config(ndocs=k) for k in depths])
+    dev = {str(k): round(float(m), 4) for k, m in zip(depths, result.metric)}
+    best = max(depths, key=lambda k: (dev[str(k)], k))
+    log(f"[depth] dev match by K (n={len(items)}): " + ", ".join(f"{k}: {v:.3f}" for k, v in dev.items())
+        + f" -> K = {best}")
+    return {"ndocs": best, "dev_match": dev, "n": len(items), "split": "world_qa_dev",
+            "score": "the paper's (exp(seq) + rel + sup + 0.5 use), adaptive retrieval at 0.2"}
 
 
 def load_items(path: Path, limit: int):
@@ -77,13 +129,14 @@ def evaluate_models(models: Path, world: Path, index: Path, out: Path, limit: in
     config, params, tok, _ = load_model(models / "generator")
     engine = Engine(params, config, ControlIds.from_tokenizer(tok), max_new_tokens=24)
     retrieve = Retriever.from_dir(index).retrieve
+    ndocs, depth = model_ndocs(models)
     options = {
-        "selfrag": GenerateOptions(ndocs=5),
+        "selfrag": GenerateOptions(ndocs=ndocs),
         "always_top1": GenerateOptions(ndocs=1, pipeline="top1"),
         "no_retrieval": GenerateOptions(pipeline="none"),
-        "selfrag_no_issup": GenerateOptions(ndocs=5, score=ScoreOptions(w_sup=0.0)),
+        "selfrag_no_issup": GenerateOptions(ndocs=ndocs, score=ScoreOptions(w_sup=0.0)),
     }
-    report: dict[str, Any] = {"tasks": {}, "distractor_top1": {}}
+    report: dict[str, Any] = {"tasks": {}, "distractor_top1": {}, "ndocs": ndocs, "depth": depth}
     (out / "predictions").mkdir(parents=True, exist_ok=True)
     trace = None
     for name, (task, default_n) in TASKS.items():
@@ -216,6 +269,11 @@ def table(report: dict[str, Any]) -> str:
                      f"Self-RAG {d['selfrag']['accuracy']:.3f}{ret} vs always-top-1 {d['always_top1']['accuracy']:.3f}")
     lines.append(f"selfrag_ret: Self-RAG's candidates, score + {DEMO_W_RET:g} x retriever p(passage|question) "
                  "(beyond the paper)")
+    depth = report.get("depth")
+    if depth:
+        lines.append(f"Self-RAG chose among the retriever's top {report['ndocs']}, the depth chosen on the dev split "
+                     f"(n={depth['n']}; dev match by depth: " + ", ".join(f"{k}: {v:.3f}" for k, v in depth["dev_match"].items())
+                     + f"; the paper: {PAPER_NDOCS} or 10)")
     g = report.get("gold_passage") or {}
     if g.get("n"):
         lines.append(f"reading ceiling, factual questions with their gold passage only (n={g['n']}): {g['accuracy']:.3f}"
@@ -306,7 +364,8 @@ def run_demo(args: argparse.Namespace) -> int:
     report = dict(reports["shipped"])
     report["seconds"] = round(time.time() - t0, 1)
     if "retrained" in reports:
-        report["retrained"] = {k: reports["retrained"][k] for k in ("tasks", "critic_agreement", "distractor_top1", "gold_passage")}
+        report["retrained"] = {k: reports["retrained"][k] for k in ("tasks", "critic_agreement", "distractor_top1", "gold_passage",
+                                                                     "ndocs", "depth")}
         if "critic_issup_label" in reports["retrained"]:
             report["retrained"]["critic_issup_label"] = reports["retrained"]["critic_issup_label"]
         reading = work / "retrain" / "base_reading.done"

@@ -9,7 +9,9 @@ each) -> anneal2 (1,500 more, the relevance documents now in four surface forms)
 what the evidence states and a comparison with the output decides IsSup, beyond the paper)
 -> annotation (the reading critic labels raw instruction-output pairs, the world's and the practice
 people's, with passages retrieved from their corpus) -> generator (fine-tuned on the
-result) -> exported critic and generator (bfloat16 safetensors, a few MB) for the demo.
+result) -> depth (Self-RAG's retrieval depth K for this generator, chosen on the dev split:
+`demo.choose_depth`) -> exported critic and generator (bfloat16 safetensors, a few MB) and
+the depth (decoding.json) for the demo.
 
 Every stage is resumable: a finished stage leaves `<out>/<stage>.done`; an interrupted
 training stage resumes from its last checkpoint when the command runs again.
@@ -176,6 +178,7 @@ class Stages:
 
     def export(self, dest: Path = ASSETS):
         """critic/ and generator/ as Hugging Face folders in bfloat16 (a few MB each)."""
+        import shutil
         import tempfile
 
         from selfrag_jax.models.checkpoint import load_model
@@ -187,7 +190,21 @@ class Stages:
             with tempfile.TemporaryDirectory() as tok_dir:
                 tok.save(tok_dir)
                 export_hf(params, config, dest / name, meta=meta, tokenizer_dir=tok_dir)
+        from selfrag_jax.demo.demo import DEPTH_FILE
+
+        if (self.out / DEPTH_FILE).exists():
+            shutil.copyfile(self.out / DEPTH_FILE, dest / DEPTH_FILE)
         return {"dest": str(dest)}
+
+    def depth(self):
+        from selfrag_jax.demo.demo import DEPTH_FILE, choose_depth
+
+        info = choose_depth(self.out / "generator", self.out / "world", self.out / "index", self.out / "depth_cache",
+                            log=self.log)
+        tmp = self.out / f"{DEPTH_FILE}.tmp"
+        tmp.write_text(json.dumps(info, indent=1) + "\n")
+        tmp.replace(self.out / DEPTH_FILE)
+        return info
 
     def base_reads(self) -> float | None:
         """The base_reading probe's held-out reading with the gold passage, once it has run."""
@@ -215,6 +232,7 @@ class Stages:
         self.stage("critic_reading", lambda: self.train("critic_reading"))
         self.stage("annotate", self.annotate)
         self.stage("generator", lambda: self.train("generator"))
+        self.stage("depth", self.depth)
         if export and weak and not force_export:
             self.log(f"[export] skipped: the base read {reads:.2f} (< {MIN_BASE_READING}), so the shipped models stay; "
                      f"the new ones are in {self.out} (--force-export copies them into the package anyway)")
