@@ -2,9 +2,10 @@
 
 1. build the world (deterministic, seconds) and index its passages with the bundled MiniLM;
 2. answer the held-out sets with the bundled generator under four settings that share one
-   compiled engine: Self-RAG (adaptive retrieval), always retrieve top-1 (standard RAG),
-   no retrieval, and Self-RAG without IsSup in the score; and a fifth chosen again from
-   Self-RAG's candidates without decoding: its score plus the retriever's prior;
+   compiled engine: Self-RAG (adaptive retrieval, the paper's score over the retriever's top
+   K, K chosen for these models on the dev split: `decoding.json`), always retrieve top-1
+   (standard RAG), no retrieval, and Self-RAG without IsSup in the score; and a fifth chosen
+   again from Self-RAG's candidates without decoding: its score plus the retriever's prior;
 3. measure the bundled critic against the world's ground truth on held-out examples;
 4. print a table and one traced example; write predictions, report.json, report.md and a
    plot to the work folder. `--retrain` first reruns the whole training pipeline at a
