@@ -87,33 +87,27 @@ def _slice(rows: list[dict], best: dict, free: tuple[str, ...]) -> list[dict]:
 
 def plot_w_sup(rows: list[dict], best: dict, path: Path) -> None:
     """Fig. 3 (b)-style: how the IsSup weight moves the metric."""
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(5, 3.5))
-    for hard in dict.fromkeys(r["hard"] for r in rows):
-        pts = sorted((r["w_sup"], r["metric"]) for r in _slice(rows, {**best, "hard": hard}, ("w_sup",)))
-        ax.plot([p[0] for p in pts], [100 * p[1] for p in pts], marker="o", label=f"hard={hard}")
-    ax.set_xlabel("w_sup (IsSup weight)")
-    ax.set_ylabel("match (%)")
-    ax.set_title(f"w_rel={best['w_rel']:g} w_use={best['w_use']:g} threshold={best['threshold']:g} ({best['rule']})",
-                 fontsize=8)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _plot_per_hard(rows, best, "w_sup", "w_sup (IsSup weight)", path,
+                   f"w_rel={best['w_rel']:g} w_use={best['w_use']:g} threshold={best['threshold']:g} ({best['rule']})")
 
 
 def plot_ndocs(rows: list[dict], best: dict, path: Path) -> None:
     """The metric against the retrieval depth K: how many of the retriever's passages the
     critique scores choose among (0 on the axis: every cached candidate)."""
+    _plot_per_hard(rows, best, "ndocs", "ndocs (retrieval depth)", path,
+                   f"w_rel={best['w_rel']:g} w_sup={best['w_sup']:g} w_use={best['w_use']:g} w_ret={best['w_ret']:g}")
+
+
+def _plot_per_hard(rows: list[dict], best: dict, key: str, xlabel: str, path: Path, title: str) -> None:
+    """The metric against `key`, one line per hard constraint, the rest at the best's."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(5, 3.5))
     for hard in dict.fromkeys(r["hard"] for r in rows):
-        pts = sorted((r["ndocs"], r["metric"]) for r in _slice(rows, {**best, "hard": hard}, ("ndocs",)))
+        pts = sorted((r[key], r["metric"]) for r in _slice(rows, {**best, "hard": hard}, (key,)))
         ax.plot([p[0] for p in pts], [100 * p[1] for p in pts], marker="o", label=f"hard={hard}")
-    ax.set_xlabel("ndocs (retrieval depth)")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("match (%)")
-    ax.set_title(f"w_rel={best['w_rel']:g} w_sup={best['w_sup']:g} w_use={best['w_use']:g} w_ret={best['w_ret']:g}",
-                 fontsize=8)
+    ax.set_title(title, fontsize=8)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
