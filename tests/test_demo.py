@@ -221,9 +221,8 @@ def test_demo_retrain_evaluates_the_shipped_models_in_a_second_process(tmp_path,
     equal the parent's own evaluation of them."""
     import shutil
 
-    from selfrag_jax.demo.pipeline import Stages
-
     from selfrag_jax.demo.demo import DEPTH_FILE, model_ndocs
+    from selfrag_jax.demo.pipeline import Stages
 
     work, models, encoder = demo_inputs(tmp_path)
     (models / DEPTH_FILE).write_text(json.dumps({"ndocs": 2, "dev_match": {"1": 0.5, "2": 0.75}, "n": 4}))

@@ -78,31 +78,45 @@ def choose_depth(generator: Path, world: Path, index: Path, cache: Path, n: int 
     top-5 and both paths (`generate --cache`, written to `cache`), then `sweep` K = 1..5 under
     the paper's score and retrieval rule. The best dev match wins, ties going to the deeper K
     (the paper's side)."""
-    from selfrag_jax.evaluation import sweep as S
-    from selfrag_jax.inference.cache import load_cache, write_cache
-    from selfrag_jax.inference.engine import ControlIds, Engine
-    from selfrag_jax.inference.selfrag import GenerateOptions, ShortForm
-    from selfrag_jax.models.checkpoint import load_model
-    from selfrag_jax.retrieval.retriever import Retriever
-    from selfrag_jax.utils import progress
+    import dataclasses
 
-    config, params, tok, _ = load_model(generator)
-    engine = Engine(params, config, ControlIds.from_tokenizer(tok), max_new_tokens=24)
+    from selfrag_jax.evaluation import sweep as S
+    from selfrag_jax.inference.cache import write_cache
+    from selfrag_jax.inference.selfrag import GenerateOptions, ShortForm
+    from selfrag_jax.retrieval.retriever import Retriever
+
+    engine, tok = load_engine(generator)
     items = load_items(world / "eval" / "world_qa_dev.jsonl", n)
     runner = ShortForm(engine, tok, GenerateOptions(task="open", ndocs=PAPER_NDOCS, keep_both_paths=True),
                        Retriever.from_dir(index).retrieve)
-    results = []
-    for start in progress(range(0, len(items), batch_size), desc="dev/depth", unit="batch"):
-        results += runner.run(items[start:start + batch_size])
-    write_cache(cache, results, runner.opts)
+    results = run_batches(runner, items, batch_size, "dev/depth")
     depths = list(range(1, PAPER_NDOCS + 1))
-    result = S.run_sweep(S.prepare(load_cache(cache)), [S.Config(ndocs=k) for k in depths])
+    result = S.run_sweep(S.prepare(write_cache(cache, results, runner.opts)), [S.Config(ndocs=k) for k in depths])
     dev = {str(k): round(float(m), 4) for k, m in zip(depths, result.metric)}
     best = max(depths, key=lambda k: (dev[str(k)], k))
     log(f"[depth] dev match by K (n={len(items)}): " + ", ".join(f"{k}: {v:.3f}" for k, v in dev.items())
         + f" -> K = {best}")
     return {"ndocs": best, "dev_match": dev, "n": len(items), "split": "world_qa_dev",
-            "score": "the paper's (exp(seq) + rel + sup + 0.5 use), adaptive retrieval at 0.2"}
+            "sweep_config": dataclasses.asdict(result.configs[best - 1])}
+
+
+def load_engine(generator: Path, max_new_tokens: int = 24):
+    """(the compiled engine, tokenizer) of a generator folder or run."""
+    from selfrag_jax.inference.engine import ControlIds, Engine
+    from selfrag_jax.models.checkpoint import load_model
+
+    config, params, tok, _ = load_model(generator)
+    return Engine(params, config, ControlIds.from_tokenizer(tok), max_new_tokens=max_new_tokens), tok
+
+
+def run_batches(runner, items: list, batch_size: int, desc: str) -> list:
+    """`runner.run` over `items` in batches, with a progress bar."""
+    from selfrag_jax.utils import progress
+
+    results = []
+    for start in progress(range(0, len(items), batch_size), desc=desc, unit="batch"):
+        results += runner.run(items[start:start + batch_size])
+    return results
 
 
 def load_items(path: Path, limit: int):
@@ -120,15 +134,11 @@ def evaluate_models(models: Path, world: Path, index: Path, out: Path, limit: in
                     log=print) -> dict[str, Any]:
     """Accuracy and retrieval frequency per task and setting, critic agreement, a trace."""
     from selfrag_jax.evaluation.metrics import match
-    from selfrag_jax.inference.engine import ControlIds, Engine
     from selfrag_jax.inference.selfrag import GenerateOptions, ShortForm
-    from selfrag_jax.inference.scoring import RetrieveOptions, ScoreOptions
-    from selfrag_jax.models.checkpoint import load_model
+    from selfrag_jax.inference.scoring import ScoreOptions
     from selfrag_jax.retrieval.retriever import Retriever
-    from selfrag_jax.utils import progress
 
-    config, params, tok, _ = load_model(models / "generator")
-    engine = Engine(params, config, ControlIds.from_tokenizer(tok), max_new_tokens=24)
+    engine, tok = load_engine(models / "generator")
     retrieve = Retriever.from_dir(index).retrieve
     ndocs, depth = model_ndocs(models)
     options = {
@@ -157,9 +167,7 @@ def evaluate_models(models: Path, world: Path, index: Path, out: Path, limit: in
 
         for setting, opts in options.items():
             runner = ShortForm(engine, tok, replace(opts, task=task, trace=setting == "selfrag"), retrieve)
-            results = []
-            for start in progress(range(0, len(items), batch_size), desc=f"{name}/{setting}", unit="batch"):
-                results += runner.run(items[start:start + batch_size])
+            results = run_batches(runner, items, batch_size, f"{name}/{setting}")
             keep(setting, runner, results)
             if setting == "selfrag":
                 if trace is None and name == "world_qa":

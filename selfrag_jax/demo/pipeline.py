@@ -198,12 +198,12 @@ class Stages:
 
     def depth(self):
         from selfrag_jax.demo.demo import DEPTH_FILE, choose_depth
+        from selfrag_jax.utils import atomic_file
 
         info = choose_depth(self.out / "generator", self.out / "world", self.out / "index", self.out / "depth_cache",
                             log=self.log)
-        tmp = self.out / f"{DEPTH_FILE}.tmp"
-        tmp.write_text(json.dumps(info, indent=1) + "\n")
-        tmp.replace(self.out / DEPTH_FILE)
+        with atomic_file(self.out / DEPTH_FILE) as f:
+            f.write(json.dumps(info, indent=1) + "\n")
         return info
 
     def base_reads(self) -> float | None:

@@ -57,8 +57,8 @@ class SweepCache:
         return slice(start, start + int(self.arrays["q_cand_count"][q]))
 
 
-def write_cache(folder: str | Path, results: list, opts) -> Path:
-    """Write the cache of short-form `results` (QuestionResult, both paths decoded)."""
+def build_cache(results: list, opts) -> SweepCache:
+    """The cache of short-form `results` (QuestionResult, both paths decoded), in memory."""
     task = opts.task
     questions, q_rows, c_rows = [], [], []
     for q, r in enumerate(results):
@@ -68,16 +68,21 @@ def write_cache(folder: str | Path, results: list, opts) -> Path:
         q_rows.append((r.retrieve_logprobs, r.greedy_retrieval, len(c_rows), len(r.candidates),
                        r.no_retrieval.seq))
         c_rows.extend((q, c) for c in r.candidates)
-    arrays = _arrays(q_rows, c_rows)
     meta = {"schema": SCHEMA, "task": task, "options": _jsonable(dataclasses.asdict(opts)),
             "groups": {"retrieve": T.RETRIEVE_GROUP, "isrel": T.ISREL_GROUP, "issup": T.ISSUP_GROUP,
                        "isuse": T.ISUSE_GROUP},
             "n_questions": len(questions), "n_candidates": len(c_rows)}
+    return SweepCache(meta, questions, _arrays(q_rows, c_rows))
+
+
+def write_cache(folder: str | Path, results: list, opts) -> SweepCache:
+    """Write the cache of short-form `results` to `folder` (atomically) and return it."""
+    cache = build_cache(results, opts)
     with atomic_dir(folder) as tmp:
-        np.savez(tmp / "arrays.npz", **arrays)
-        (tmp / "index.jsonl").write_text("".join(json.dumps(q, ensure_ascii=False) + "\n" for q in questions))
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
-    return Path(folder)
+        np.savez(tmp / "arrays.npz", **cache.arrays)
+        (tmp / "index.jsonl").write_text("".join(json.dumps(q, ensure_ascii=False) + "\n" for q in cache.questions))
+        (tmp / "meta.json").write_text(json.dumps(cache.meta, indent=1) + "\n")
+    return cache
 
 
 def _index_line(r, task: str) -> dict[str, Any]:
