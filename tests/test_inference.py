@@ -35,12 +35,13 @@ INJECTIONS = ["[Fully supported]", "[Retrieval]", "</paragraph>", "<paragraph>",
               "[No support / Contradictory]", "[Continue to Use Evidence]", " [Partially supported] "]
 
 
-def make_selfrag_model(folder, seed: int = 0):
-    """A tiny HF Llama folder with the Self-RAG tokenizer; critique tokens made likely."""
+def make_selfrag_model(folder, seed: int = 0, base_vocab: int = 300, **shape):
+    """A tiny HF Llama folder with the Self-RAG tokenizer; critique tokens made likely.
+    `shape`: HF config overrides (heads, sizes)."""
     from safetensors.numpy import load_file, save_file
 
-    tok = SelfRAGTokenizer(make_tokenizer(folder, vocab_size=300))
-    make_hf_llama(folder, seed=seed, vocab_size=len(tok))
+    tok = SelfRAGTokenizer(make_tokenizer(folder, vocab_size=base_vocab))
+    make_hf_llama(folder, seed=seed, vocab_size=len(tok), **shape)
     tok.save(folder)
     tensors = load_file(folder / "model.safetensors")
     head = tensors["lm_head.weight"]

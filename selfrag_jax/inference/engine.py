@@ -20,20 +20,31 @@ passages by IsRel), so the K-fold decode of Self-RAG shrinks to the kept rows.
 
 Row counts and lengths are padded to buckets, so a whole evaluation compiles a handful of
 programs (`compiled_programs()` counts them).
+
+On a mesh (`Placement`), the programs are compiled with explicit shardings from the one rules
+table in `selfrag_jax.sharding`: parameters as in training, the KV cache with its rows over the
+batch axes and its KV heads over `tensor`, and everything the host reads back (tokens, counts,
+critique probabilities) replicated. Host inputs are replicated global arrays, so on a
+multi-host slice every process passes the same batch and gets the same results: one SPMD
+program, no per-host bookkeeping.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import linen as nn
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from selfrag_jax import sharding
 from selfrag_jax.inference.decode import pad_batch
 from selfrag_jax.models.config import LlamaConfig
-from selfrag_jax.models.llama import KVCache, Llama
+from selfrag_jax.models.llama import CACHE_LOGICAL, KVCache, Llama, param_shardings
 
 MIN_LENGTH_BUCKET = 16
 
@@ -138,27 +149,107 @@ class TokenCount:
         return self.prefill + self.decode
 
 
-class Engine:
-    """Owns the two compiled programs for one model and one `max_new_tokens`."""
+@dataclass(frozen=True)
+class Placement:
+    """Where the engine runs: a mesh and the logical-axis rules (the training defaults)."""
 
-    def __init__(self, params, config: LlamaConfig, ids: ControlIds, max_new_tokens: int):
+    mesh: Mesh
+    rules: sharding.LogicalRules = sharding.DEFAULT_RULES
+
+    def named(self, *logical: str | None) -> NamedSharding:
+        return sharding.logical_sharding(self.mesh, logical, self.rules)
+
+    @property
+    def replicated(self) -> NamedSharding:
+        return NamedSharding(self.mesh, PartitionSpec())
+
+    @property
+    def cache(self) -> KVCache:
+        """The KV cache's shardings (a KVCache of NamedShardings)."""
+        kv = self.named(*CACHE_LOGICAL)
+        return KVCache(kv, kv, self.named("cache_batch"))
+
+    @property
+    def row_multiple(self) -> int:
+        """Cache rows split evenly over the mesh axes that `cache_batch` maps to."""
+        axes = sharding.logical_to_spec(("cache_batch",), self.rules)[0]
+        axes = () if axes is None else axes if isinstance(axes, tuple) else (axes,)
+        return int(np.prod([self.mesh.shape[a] for a in axes]))
+
+    def params(self, config: LlamaConfig):
+        return param_shardings(config, self.mesh, self.rules)
+
+    def put(self, value: np.ndarray) -> jax.Array:
+        """A host array as a replicated global array (every process holds the same value)."""
+        value = np.asarray(value)
+        return jax.make_array_from_callback(value.shape, self.replicated, lambda idx: value[idx])
+
+    def scope(self):
+        """Mesh and rules in effect while a program is traced (activation constraints)."""
+        stack = contextlib.ExitStack()
+        stack.enter_context(jax.set_mesh(self.mesh))
+        stack.enter_context(nn.logical_axis_rules(self.rules))
+        return stack
+
+
+def constrain_cache(cache: KVCache) -> KVCache:
+    """Keep a cache built inside a program (row gathers, the decode loop's carry) on the
+    rules' layout instead of whatever XLA would infer (a no-op off a mesh)."""
+    kv = lambda x: nn.with_logical_constraint(x, CACHE_LOGICAL)  # noqa: E731
+    return KVCache(kv(cache.k), kv(cache.v), nn.with_logical_constraint(cache.end, ("cache_batch",)))
+
+
+class Engine:
+    """Owns the compiled programs for one model and one `max_new_tokens`, on one device or,
+    with a `placement`, sharded over its mesh (parameters must already carry its shardings:
+    `models.checkpoint.load_model(..., shardings=placement.params(config))`)."""
+
+    def __init__(self, params, config: LlamaConfig, ids: ControlIds, max_new_tokens: int,
+                 placement: Placement | None = None):
         self.params = params
         self.config = config
         self.ids = ids
         self.max_new_tokens = int(max_new_tokens)
+        self.placement = placement
         self.tokens = TokenCount()
-        self._prefill = jax.jit(self._prefill_impl)
-        self._decode = jax.jit(self._decode_impl)
-        self._read = jax.jit(self._read_impl)
-        self._decode_rows = jax.jit(self._decode_rows_impl)
+        self.row_multiple = placement.row_multiple if placement else 1
+        if placement is None:
+            jit = lambda fn, ins, outs: jax.jit(fn)  # noqa: E731
+        else:
+            self._check_placement(params, config, placement)
+            jit = lambda fn, ins, outs: jax.jit(fn, in_shardings=ins, out_shardings=outs)  # noqa: E731
+        p = placement
+        params_s, cache_s = (p.params(config), p.cache) if p else (None, None)
+        rep = p.replicated if p else None
+        self._prefill = jit(self._prefill_impl, (params_s, rep, rep), (cache_s, rep, rep))
+        self._decode = jit(self._decode_impl, (params_s, cache_s, rep, rep, rep, rep), rep)
+        self._read = jit(self._read_impl, (params_s, cache_s, rep, rep, rep),
+                         (cache_s, p.named("cache_batch", None) if p else None, rep))
+        self._decode_rows = jit(self._decode_rows_impl, (params_s, cache_s, p.named("cache_batch", None) if p else None,
+                                                         rep, rep), rep)
+
+    @staticmethod
+    def _check_placement(params, config: LlamaConfig, placement: Placement) -> None:
+        """Cache shapes must split over the mesh (a one-line error naming the config value)."""
+        shape = (config.num_layers, placement.row_multiple, config.num_kv_heads, 1, config.head_dim)
+        sharding.check_divisible("KV cache", shape, CACHE_LOGICAL, placement.mesh, placement.rules)
 
     # --- host side -------------------------------------------------------------------
+    def _call(self, program, *args):
+        """Run a compiled program: host arrays become replicated global arrays on a mesh, and
+        the mesh and rules are in effect while it is traced."""
+        if self.placement is None:
+            return program(*args)
+        args = [self.placement.put(a) if isinstance(a, np.ndarray) else a for a in args]
+        with self.placement.scope():
+            return program(*args)
+
     def prefill(self, contexts: Sequence[Sequence[int]]) -> ContextState:
         n = len(contexts)
-        rows = list(contexts) + [[self.ids.pad]] * (bucket_rows(n) - n)
+        rows = list(contexts) + [[self.ids.pad]] * (self.bucket_rows(n) - n)
         tokens, lengths = pad_batch(rows, self.ids.pad, bucket_length(max(map(len, rows))))
-        cache, ret_lp, greedy = self._prefill(self.params, tokens, lengths)
-        ret_lp, greedy = jax.device_get((ret_lp, greedy))
+        cache, ret_lp, greedy = self._call(self._prefill, self.params, tokens, lengths)
+        ret_lp, greedy = np.asarray(ret_lp), np.asarray(greedy)
         self.tokens.prefill += int(lengths[:n].sum())
         return ContextState(cache, lengths[:n], ret_lp[:n], greedy[:n])
 
@@ -169,7 +260,7 @@ class Engine:
         A row's limit defaults to `max_new_tokens`; 0 skips the row."""
         n = len(src)
         src_arr, tokens, lengths = self._suffix_batch(src, suffixes)
-        out = self._decode(self.params, state.cache, src_arr, tokens, lengths, self._limits(n, limits))
+        out = self._call(self._decode, self.params, state.cache, src_arr, tokens, lengths, self._limits(n, limits))
         self.tokens.prefill += int(lengths[:n].sum())
         return self._segments(out, n)
 
@@ -177,25 +268,30 @@ class Engine:
         """Prefill each suffix on a copy of its context row (`decode`'s first half)."""
         n = len(src)
         src_arr, tokens, lengths = self._suffix_batch(src, suffixes)
-        cache, logits, rel = self._read(self.params, state.cache, src_arr, tokens, lengths)
+        cache, logits, rel = self._call(self._read, self.params, state.cache, src_arr, tokens, lengths)
         self.tokens.prefill += int(lengths[:n].sum())
-        return Reading(cache, logits, np.asarray(jax.device_get(rel))[:n])
+        return Reading(cache, logits, np.asarray(rel)[:n])
 
     def decode_rows(self, reading: Reading, rows: Sequence[int], limits: Sequence[int] | None = None) -> Segments:
         """Decode one segment for the read rows `rows` only (`decode`'s second half)."""
         n = len(rows)
-        out = self._decode_rows(self.params, reading.cache, reading.logits, self._padded(rows), self._limits(n, limits))
+        out = self._call(self._decode_rows, self.params, reading.cache, reading.logits, self._padded(rows),
+                         self._limits(n, limits))
         return self._segments(out, n)
 
+    def bucket_rows(self, n: int) -> int:
+        """Rows a batch of n is padded to: the bucket, rounded up to split over the mesh."""
+        return -(-bucket_rows(n) // self.row_multiple) * self.row_multiple
+
     def _padded(self, values: Sequence[int]) -> np.ndarray:
-        """int32 [bucket_rows(n)]: the values, then zeros (padding rows)."""
-        out = np.zeros(bucket_rows(len(values)), np.int32)
+        """int32 [bucket rows of n]: the values, then zeros (padding rows)."""
+        out = np.zeros(self.bucket_rows(len(values)), np.int32)
         out[: len(values)] = values
         return out
 
     def _suffix_batch(self, src: Sequence[int], suffixes: Sequence[Sequence[int]]):
         """(context row per row, suffix tokens, suffix lengths), rows and length bucketed."""
-        rows = list(suffixes) + [[self.ids.pad]] * (bucket_rows(len(src)) - len(src))
+        rows = list(suffixes) + [[self.ids.pad]] * (self.bucket_rows(len(src)) - len(src))
         tokens, lengths = pad_batch(rows, self.ids.pad, bucket_length(max(map(len, rows))))
         return self._padded(src), tokens, lengths
 
@@ -205,7 +301,7 @@ class Engine:
                             else [min(int(x), self.max_new_tokens) for x in limits])
 
     def _segments(self, out, n: int) -> Segments:
-        seg = Segments(*(np.asarray(x)[:n] for x in jax.device_get(out)))
+        seg = Segments(*(np.asarray(x)[:n] for x in out))
         self.tokens.decode += int(seg.counts.sum())
         return seg
 
@@ -236,7 +332,7 @@ class Engine:
         return cache, logits, jax.nn.softmax(logits, axis=-1)[:, jnp.array(self.ids.isrel)]
 
     def _decode_rows_impl(self, params, cache: KVCache, logits, idx, limit):
-        cache = KVCache(cache.k[:, idx], cache.v[:, idx], cache.end[idx])
+        cache = constrain_cache(KVCache(cache.k[:, idx], cache.v[:, idx], cache.end[idx]))
         return self._segment_loop(params, cache, logits[idx], limit)
 
     def _prefill_suffix(self, params, ctx_cache: KVCache, src, suffix, suffix_len):
@@ -244,7 +340,8 @@ class Engine:
         suffixes: (cache, logits at each row's last suffix position)."""
         width = ctx_cache.max_len + suffix.shape[1] + self.max_new_tokens
         grow = ((0, 0), (0, 0), (0, 0), (0, width - ctx_cache.max_len), (0, 0))
-        cache = KVCache(jnp.pad(ctx_cache.k[:, src], grow), jnp.pad(ctx_cache.v[:, src], grow), ctx_cache.end[src])
+        cache = constrain_cache(KVCache(jnp.pad(ctx_cache.k[:, src], grow), jnp.pad(ctx_cache.v[:, src], grow),
+                                        ctx_cache.end[src]))
         hidden, cache = self._model().apply({"params": params}, suffix, cache=cache, num_new=suffix_len,
                                             return_hidden=True)
         return cache, self._last_logits(params, hidden, suffix_len)
@@ -283,6 +380,7 @@ class Engine:
             # Finished rows add nothing to their cache (num_new 0), so it stays their context.
             step_logits, out["cache"] = model.apply({"params": params}, token[:, None], cache=s["cache"],
                                                     num_new=live.astype(jnp.int32))
+            out["cache"] = constrain_cache(out["cache"])
             out["logits"] = step_logits[:, 0]
             return out
 

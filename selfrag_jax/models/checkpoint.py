@@ -20,7 +20,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from selfrag_jax.models.config import LlamaConfig
+from selfrag_jax.models.config import LlamaConfig, from_hf_dict
 from selfrag_jax.models.params import to_layout
 from selfrag_jax.utils import atomic_dir
 
@@ -57,7 +57,8 @@ def restore_params(path: str | os.PathLike, config: LlamaConfig, shardings: Any 
         host = jax.devices()[0]
     here = jax.sharding.SingleDeviceSharding(host)
     params = ckptr.restore(path, jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=here), tree))
-    params = to_layout(jax.tree.map(np.asarray, params), config)
+    dtype = jax.numpy.dtype(config.param_dtype)
+    params = to_layout(jax.tree.map(lambda x: np.asarray(x).astype(dtype), params), config)
     return jax.device_put(params, shardings) if shardings is not None else params
 
 
@@ -123,27 +124,39 @@ def _load_tokenizer(folder: Path, step: bool):
 
 
 def load_model(path: str | os.PathLike, scan_layers: bool | None = None, shardings: Any = None,
-               add_control_tokens: bool = True, **config_overrides):
+               add_control_tokens: bool = True, dtype: str | None = None, **config_overrides):
     """(config, params, tokenizer, hf_meta) from a checkpoint of ours or a HF Llama folder.
 
     With `add_control_tokens` the tokenizer gains the reflection tokens if it lacks them and
     the embedding grows to match (new rows at the mean of the old ones); conversion turns
-    it off to stay lossless."""
-    from selfrag_jax.models.hf import is_hf_folder, load_hf
+    it off to stay lossless. `dtype` stores the parameters (and computes) in that dtype, for
+    inference. `shardings` is a tree of shardings, or a function of the final config that
+    returns one (`Placement.params`): parameters then load tensor by tensor into them, in
+    their dtype, never whole on one device or on the host (except where the vocabulary grows,
+    which needs the whole embedding)."""
+    from selfrag_jax.models.hf import is_hf_folder, load_hf, load_hf_placed
     from selfrag_jax.models.params import resize_vocab
     from selfrag_jax.tokenizer import SelfRAGTokenizer
 
     path = Path(path)
+    overrides = dict(config_overrides)
+    if scan_layers is not None:
+        overrides["scan_layers"] = scan_layers
+    if dtype is not None:
+        overrides.update(dtype=dtype, param_dtype=dtype)
     if is_hf_folder(path):
-        config, params, meta = load_hf(path, **({} if scan_layers is None else {"scan_layers": scan_layers}),
-                                       **config_overrides)
+        config = from_hf_dict(json.loads((path / "config.json").read_text()), where=str(path / "config.json"),
+                              **{"scan_layers": True, **overrides})
         tokenizer = (SelfRAGTokenizer.from_pretrained(path)
                      if add_control_tokens and _has_tokenizer(path) else None)
-        if tokenizer is not None and len(tokenizer) > config.vocab_size:
+        grow = tokenizer is not None and len(tokenizer) > config.vocab_size
+        if shardings is not None and not grow:
+            params, meta = load_hf_placed(path, config, _resolve(shardings, config))
+            return config, params, tokenizer, meta
+        config, params, meta = load_hf(path, **{"scan_layers": True, **overrides})
+        if grow:
             params, config = resize_vocab(params, config, len(tokenizer))
-        if shardings is not None:
-            params = jax.device_put(params, shardings)
-        return config, params, tokenizer, meta
+        return config, _place(params, config, shardings), tokenizer, meta
     folder = resolve_model_dir(path)
     step = is_complete_step(folder)
     if step:
@@ -151,19 +164,26 @@ def load_model(path: str | os.PathLike, scan_layers: bool | None = None, shardin
                                        where=str(folder / "meta"))
     else:
         config = LlamaConfig.load(folder / "model_config.json")
-    overrides = dict(config_overrides)
-    if scan_layers is not None:
-        overrides["scan_layers"] = scan_layers
     config = config.replace(**overrides)
     tokenizer = _load_tokenizer(folder, step) if add_control_tokens else None
     if tokenizer is not None and len(tokenizer) > config.vocab_size:
         params, config = resize_vocab(restore_params(folder / "params", config), config, len(tokenizer))
-        params = jax.device_put(params, shardings) if shardings is not None else params
+        params = _place(params, config, shardings)
     else:
-        params = restore_params(folder / "params", config, shardings)
+        params = restore_params(folder / "params", config, _resolve(shardings, config))
     meta_path = folder / "hf_meta.json"
     meta = json.loads(meta_path.read_text()) if meta_path.exists() else None
     return config, params, tokenizer, meta
+
+
+def _resolve(shardings: Any, config: LlamaConfig) -> Any:
+    return shardings(config) if callable(shardings) else shardings
+
+
+def _place(params: Any, config: LlamaConfig, shardings: Any) -> Any:
+    """Host parameters in the config's parameter dtype, on their shardings when given."""
+    params = jax.tree.map(lambda x: np.asarray(x).astype(jax.numpy.dtype(config.param_dtype)), params)
+    return jax.device_put(params, _resolve(shardings, config)) if shardings is not None else params
 
 
 def _has_tokenizer(path: Path) -> bool:

@@ -53,8 +53,8 @@ class LlamaConfig:
     # Execution choices: they change speed and memory, never the function computed.
     scan_layers: bool = True
     remat_policy: str = "none"
-    dtype: str = "float32"  # compute dtype; parameters are always float32
-    param_dtype: str = "float32"
+    dtype: str = "float32"  # compute dtype (and the KV cache's)
+    param_dtype: str = "float32"  # float32 for training; inference may store bfloat16
 
     def __post_init__(self):
         if isinstance(self.rope_scaling, dict):

@@ -41,6 +41,7 @@ IGNORED_TENSORS = ("rotary_emb.inv_freq",)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                    "added_tokens.json", "chat_template.jinja")
 EXTRA_FILES = ("generation_config.json",)
+SAFETENSORS_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "F64": "float64"}
 
 
 def our_shapes(config: LlamaConfig) -> dict[tuple[str, ...], tuple[int, ...]]:
@@ -95,14 +96,26 @@ class SafetensorsReader:
     def names(self) -> list[str]:
         return list(self.weight_map)
 
-    def get(self, name: str) -> np.ndarray:
+    def _handle(self, name: str):
         file = self.weight_map[name]
         if file not in self._handles:
             path = self.folder / file
             if not path.exists():
                 raise FileNotFoundError(f"{path}: listed in the safetensors index but missing")
             self._handles[file] = self._open(path, framework="numpy")
-        return self._handles[file].get_tensor(name)
+        return self._handles[file]
+
+    def get(self, name: str) -> np.ndarray:
+        return self._handle(name).get_tensor(name)
+
+    def shape_dtype(self, name: str) -> tuple[tuple[int, ...], str]:
+        """(shape, numpy dtype name) read from the header only."""
+        part = self._handle(name).get_slice(name)
+        return tuple(part.get_shape()), SAFETENSORS_DTYPES.get(part.get_dtype(), part.get_dtype().lower())
+
+    def read(self, name: str, index: tuple[slice, ...]) -> np.ndarray:
+        """Only the part `index` of a tensor (no more of the file is read)."""
+        return self._handle(name).get_slice(name)[index]
 
 
 def is_hf_folder(path: str | os.PathLike) -> bool:
@@ -138,14 +151,101 @@ def load_hf(folder: str | os.PathLike, scan_layers: bool = True, **config_overri
             node = node.setdefault(key, {})
         node[path[-1]] = value
         available.discard(hf_name)
+    _check_leftover(folder, available, config)
+    return config, to_layout(params, config), _meta(folder, hf_config, dtypes)
+
+
+def load_hf_placed(folder: str | os.PathLike, config: LlamaConfig, shardings: Any):
+    """Read a HF Llama folder straight into sharded device arrays of `config.param_dtype`.
+
+    Each device's shard is read from the safetensors files on its own (a column or row
+    range of the HF matrix) and cast on the way, so a model is never whole on one device,
+    nor in host memory: a 13B in bfloat16 loads onto 8 chips of 16 GB. Returns (params,
+    metadata for export) like `load_hf`."""
+    import jax
+
+    from selfrag_jax.models.llama import abstract_params
+
+    folder = Path(folder)
+    reader = SafetensorsReader(folder)
+    available = set(reader.names())
+    dtypes: dict[str, str] = {}
+    for hf_name, path, kind, shape in name_table(config):
+        if hf_name not in available:
+            raise ValueError(f"{folder}: tensor {hf_name!r} is missing from the safetensors files")
+        found, dtypes[hf_name] = reader.shape_dtype(hf_name)
+        if found != _hf_shape(path, kind, shape):
+            raise ValueError(f"{folder}: tensor {hf_name!r} has shape {found}, "
+                             f"expected {_hf_shape(path, kind, shape)} from config.json")
+        available.discard(hf_name)
+    _check_leftover(folder, available, config)
+
+    target = np.dtype(_np_dtype(config.param_dtype))
+    kinds = {path: kind for _, path, kind in (*TOP_TABLE, *LAYER_TABLE)}
+    abstract, _ = abstract_params(config)
+
+    def leaf(key_path, value, spec):
+        keys = tuple(k.key for k in key_path)
+        if keys[0] == "layers":  # scanned: [layers, ...] stacked from one HF tensor per layer
+            hf_name, path = _hf_name(keys[1:]), keys[1:]
+
+            def shard(index):
+                layers = range(*index[0].indices(config.num_layers))
+                return np.stack([_read_part(reader, hf_name.format(i=i), kinds[path], path, value.shape[1:],
+                                            index[1:], target) for i in layers])
+        else:
+            layer = keys[0].removeprefix("layers_") if keys[0].startswith("layers_") else None
+            path = keys[1:] if layer is not None else keys
+            hf_name = _hf_name(path).format(i=layer)
+
+            def shard(index):
+                return _read_part(reader, hf_name, kinds[path], path, value.shape, index, target)
+        return jax.make_array_from_callback(value.shape, spec, shard)
+
+    params = jax.tree_util.tree_map_with_path(leaf, abstract, shardings)
+    return params, _meta(folder, json.loads((folder / "config.json").read_text()), dtypes)
+
+
+def _hf_name(path: tuple[str, ...]) -> str:
+    return next(name for name, p, _ in (*TOP_TABLE, *LAYER_TABLE) if p == path)
+
+
+def _read_part(reader: SafetensorsReader, name: str, kind: str, path: tuple[str, ...], shape: tuple[int, ...],
+               index: tuple[slice, ...], dtype: np.dtype) -> np.ndarray:
+    """Our-layout part `index` of one HF tensor, cast to `dtype`. A linear weight is HF
+    `[prod(out dims), prod(in dims)]`: a part whose split dim leads its group is a contiguous
+    range of HF rows or columns and is all that is read; any other split reads the group whole."""
+    ranges = [s.indices(n)[:2] for s, n in zip(index, shape)]
+    if kind == "copy":
+        return reader.read(name, tuple(slice(a, b) for a, b in ranges)).astype(dtype)
+    n_in = 2 if path[-1] == "wo" else 1
+    hf_index, group_shape, post = [], [], []
+    for dims, rng in ((shape[n_in:], ranges[n_in:]), (shape[:n_in], ranges[:n_in])):  # HF rows, then columns
+        inner = int(np.prod(dims[1:]))
+        if all(r == (0, n) for r, n in zip(rng[1:], dims[1:])):
+            hf_index.append(slice(rng[0][0] * inner, rng[0][1] * inner))
+            group_shape.append((rng[0][1] - rng[0][0], *dims[1:]))
+            post.append((slice(None),) * len(dims))
+        else:
+            hf_index.append(slice(0, int(np.prod(dims))))
+            group_shape.append(tuple(dims))
+            post.append(tuple(slice(a, b) for a, b in rng))
+    part = reader.read(name, tuple(hf_index)).T.reshape(*group_shape[1], *group_shape[0])
+    return np.ascontiguousarray(part[post[1] + post[0]]).astype(dtype)
+
+
+def _meta(folder: Path, hf_config: dict, dtypes: dict[str, str]) -> dict:
+    """What an export needs to reproduce the folder: its config, tensor dtypes, extra files."""
+    return {"hf_config": hf_config, "dtypes": dtypes,
+            "extra": {name: json.loads((folder / name).read_text()) for name in EXTRA_FILES if (folder / name).exists()}}
+
+
+def _check_leftover(folder: Path, available: set[str], config: LlamaConfig) -> None:
     leftover = sorted(n for n in available if not n.endswith(IGNORED_TENSORS))
     if config.tie_word_embeddings and "lm_head.weight" in leftover:
         leftover.remove("lm_head.weight")  # some tied exports still write it
     if leftover:
         raise ValueError(f"{folder}: unexpected tensor {leftover[0]!r} (not part of a Llama model)")
-    meta = {"hf_config": hf_config, "dtypes": dtypes,
-            "extra": {name: json.loads((folder / name).read_text()) for name in EXTRA_FILES if (folder / name).exists()}}
-    return config, to_layout(params, config), meta
 
 
 # --------------------------------------------------------------------------------------
