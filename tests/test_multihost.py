@@ -91,3 +91,44 @@ def test_two_processes_match_one_process(tmp_path):
     step_dir = multi / "checkpoints" / str(STEPS)
     assert (step_dir / "_CHECKPOINT_METADATA").exists()
     assert sorted(p.name for p in (multi / "checkpoints").iterdir() if p.name.isdigit()) == [str(STEPS)]
+
+
+def test_generate_over_two_processes_is_the_single_process_output(tmp_path):
+    """`generate` on 2 processes x 4 devices (one SPMD program over a 2,1,4 mesh) writes what
+    one process with 8 devices writes, and only process 0 writes."""
+    import numpy as np
+    from test_engine_sharded import SHAPE, split
+    from test_inference import make_items, make_selfrag_model
+
+    model = make_selfrag_model(tmp_path / "model", base_vocab=304, **SHAPE)
+    inputs = tmp_path / "in.jsonl"
+    inputs.write_text("".join(json.dumps(it.record) + "\n" for it in make_items(6, seed=11)))
+
+    def generate(out: Path) -> list[str]:
+        return [sys.executable, "-m", "selfrag_jax", "generate", "--model", str(model), "--input", str(inputs),
+                "--output", str(out), "--mesh", "2,1,4", "--mode", "always", "--max-new-tokens", "8",
+                "--batch-size", "4", "--trace"]
+
+    coordinator = f"127.0.0.1:{_free_port()}"
+    outs = [tmp_path / "multi0.jsonl", tmp_path / "multi1.jsonl", tmp_path / "single.jsonl"]
+    procs = [subprocess.Popen(generate(outs[i]), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=_env(4, JAX_COORDINATOR_ADDRESS=coordinator, JAX_NUM_PROCESSES="2",
+                                       JAX_PROCESS_ID=str(i)))
+             for i in range(2)]
+    procs.append(subprocess.Popen(generate(outs[2]), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  env=_env(8)))
+    try:
+        results = [p.communicate(timeout=300) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for p, (_, err) in zip(procs, results):
+        assert p.returncode == 0, err[-2000:]
+    single = [json.loads(line) for line in outs[2].read_text().splitlines()]
+    assert len(single) == 6 and all(r["candidates"] for r in single)
+    multi = [json.loads(line) for line in outs[0].read_text().splitlines()]
+    want_floats, got_floats = [], []
+    assert split(multi, got_floats) == split(single, want_floats)  # tokens, decisions, passages
+    np.testing.assert_allclose(got_floats, want_floats, rtol=0, atol=1e-5)  # cross-process sums
+    assert not outs[1].exists() and not Path(f"{outs[1]}.report.json").exists()

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from selfrag_jax import tokens as T
+from selfrag_jax.models.config import INFERENCE_DTYPES
 
 # task file -> (engine task, questions used by default)
 TASKS = {
@@ -57,6 +58,9 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
                         help="first rerun the whole pipeline at a reduced budget (~45 min on 2 cores)")
     parser.add_argument("--batch-size", type=int, default=32, help="questions per engine call [32]")
     parser.add_argument("--encoder", default=None, help="HF BERT folder for the index [the bundled MiniLM]")
+    parser.add_argument("--mesh", default=None, metavar="SPEC", help="decode over a device mesh (as `generate --mesh`)")
+    parser.add_argument("--dtype", choices=INFERENCE_DTYPES, default="float32",
+                        help="the generator's parameters and KV cache [float32]")
 
 
 def model_ndocs(models: Path) -> tuple[int, dict[str, Any] | None]:
@@ -100,13 +104,11 @@ def choose_depth(generator: Path, world: Path, index: Path, cache: Path, n: int 
             "sweep_config": dataclasses.asdict(result.configs[best - 1])}
 
 
-def load_engine(generator: Path, max_new_tokens: int = 24):
-    """(the compiled engine, tokenizer) of a generator folder or run."""
-    from selfrag_jax.inference.engine import ControlIds, Engine
-    from selfrag_jax.models.checkpoint import load_model
+def load_engine(generator: Path, max_new_tokens: int = 24, mesh: str | None = None, dtype: str = "float32"):
+    """(the compiled engine, tokenizer) of a generator folder or run, on `mesh` in `dtype`."""
+    from selfrag_jax.inference.engine import Engine
 
-    config, params, tok, _ = load_model(generator)
-    return Engine(params, config, ControlIds.from_tokenizer(tok), max_new_tokens=max_new_tokens), tok
+    return Engine.load(str(generator), max_new_tokens, mesh, dtype)
 
 
 def run_batches(runner, items: list, batch_size: int, desc: str) -> list:
@@ -131,14 +133,14 @@ def load_items(path: Path, limit: int):
 
 
 def evaluate_models(models: Path, world: Path, index: Path, out: Path, limit: int, batch_size: int,
-                    log=print) -> dict[str, Any]:
+                    mesh: str | None = None, dtype: str = "float32") -> dict[str, Any]:
     """Accuracy and retrieval frequency per task and setting, critic agreement, a trace."""
     from selfrag_jax.evaluation.metrics import match
     from selfrag_jax.inference.selfrag import GenerateOptions, ShortForm
     from selfrag_jax.inference.scoring import ScoreOptions
     from selfrag_jax.retrieval.retriever import Retriever
 
-    engine, tok = load_engine(models / "generator")
+    engine, tok = load_engine(models / "generator", mesh=mesh, dtype=dtype)
     retrieve = Retriever.from_dir(index).retrieve
     ndocs, depth = model_ndocs(models)
     options = {
@@ -353,7 +355,8 @@ def run_demo(args: argparse.Namespace) -> int:
         shipped = work / "shipped" / "report.json"
         shipped.unlink(missing_ok=True)
         child = multiprocessing.get_context("spawn").Process(target=evaluate_to_file, args=(
-            shipped, models, work / "world", work / "index", work / "shipped", args.limit, args.batch_size))
+            shipped, models, work / "world", work / "index", work / "shipped", args.limit, args.batch_size, args.mesh,
+            args.dtype))
         child.start()
         try:
             retrain = Stages(work / "retrain", budget="reduced", encoder=args.encoder)
@@ -369,7 +372,8 @@ def run_demo(args: argparse.Namespace) -> int:
         reports["shipped"] = json.loads(shipped.read_text())
         runs = {"retrained": work / "retrain" / "models"}
     for name, folder in runs.items():
-        reports[name] = evaluate_models(folder, work / "world", work / "index", work / name, args.limit, args.batch_size)
+        reports[name] = evaluate_models(folder, work / "world", work / "index", work / name, args.limit, args.batch_size,
+                                        args.mesh, args.dtype)
     report = dict(reports["shipped"])
     report["seconds"] = round(time.time() - t0, 1)
     if "retrained" in reports:

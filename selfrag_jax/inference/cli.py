@@ -18,6 +18,7 @@ from typing import Any
 from selfrag_jax.inference.corrective import QUERY_MODES, CorrectiveOptions
 from selfrag_jax.inference.scoring import (MODES, PIPELINES, THRESHOLD_RULES, RefuseOptions, RetrieveOptions,
                                            ScoreOptions)
+from selfrag_jax.models.config import INFERENCE_DTYPES
 from selfrag_jax.world.tasks import REFUSAL
 
 # Tasks where a closed-book answer is unsafe: honest refusal is on unless --no-refuse.
@@ -76,6 +77,11 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--crag-query", choices=QUERY_MODES, default="keywords",
                    help="query of extra rounds: the question, + its entity words, + the model's best answer")
     p.add_argument("--batch-size", type=int, default=8, help="questions per compiled step")
+    p.add_argument("--mesh", default=None, metavar="SPEC",
+                   help="decode sharded over a device mesh, as `train` takes it: data,fsdp,tensor sizes "
+                        "(e.g. 1,1,8 or data=2,tensor=-1); default: one device, or data=-1 over all hosts' devices")
+    p.add_argument("--dtype", choices=INFERENCE_DTYPES, default="float32",
+                   help="parameters and KV cache (critique softmax and log-prob sums stay float32)")
     p.add_argument("--trace", action="store_true", help="add token ids (prompt and generated) to the output")
     p.add_argument("--index", metavar="DIR", help="retrieve from this index folder when a record has no ctxs")
     p.add_argument("--retriever-url", metavar="URL", help="retrieve from this HTTP service instead")
@@ -83,6 +89,7 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from selfrag_jax.cli import CLIError
+    from selfrag_jax.distributed import is_main
     from selfrag_jax.inference.items import read_items
     from selfrag_jax.inference.report import format_table
     from selfrag_jax.utils import atomic_file
@@ -92,6 +99,8 @@ def run(args: argparse.Namespace) -> int:
     items = read_items(args.input, args.task)
     session = Session.load(args)
     out = session.run(items, opts, args.batch_size)
+    if not is_main():  # every host ran the same program on the same input; one writes
+        return 0
     with atomic_file(args.output) as handle:
         for record in out.records:
             handle.write(json.dumps(record, ensure_ascii=False) + "\n")
@@ -179,13 +188,16 @@ class Session:
 
     @classmethod
     def load(cls, args: argparse.Namespace) -> "Session":
-        from selfrag_jax.inference.engine import ControlIds, Engine
-        from selfrag_jax.models.checkpoint import load_model
+        """The engine on `--mesh` in `--dtype`. On a multi-host slice every process joins one
+        SPMD program (a data-parallel mesh over all hosts' devices unless `--mesh` says)."""
+        import jax
 
-        config, params, tok, _ = load_model(args.model)
-        if tok is None:
-            raise ValueError(f"{args.model}: no tokenizer files next to the model")
-        engine = Engine(params, config, ControlIds.from_tokenizer(tok), args.max_new_tokens)
+        from selfrag_jax import distributed
+        from selfrag_jax.inference.engine import Engine
+
+        distributed.initialize()
+        mesh = args.mesh or ("data=-1" if jax.process_count() > 1 else None)
+        engine, tok = Engine.load(args.model, args.max_new_tokens, mesh, args.dtype)
         return cls(engine, tok, make_retriever(args), args.long_form)
 
     def runner(self, opts):

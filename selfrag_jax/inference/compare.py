@@ -64,6 +64,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from selfrag_jax.cli import CLIError
+    from selfrag_jax.distributed import is_main
     from selfrag_jax.inference.cli import Session, check_arguments
     from selfrag_jax.inference.items import read_items
     from selfrag_jax.inference.report import format_table
@@ -79,6 +80,8 @@ def run(args: argparse.Namespace) -> int:
     items = read_items(args.input, args.task)
     session = Session.load(args)
     reports = compare(session, items, specs, args, judge, warmup=not args.no_warmup)
+    if not is_main():  # every host ran the same pipelines; one reports
+        return 0
     print(format_table(reports))
     if args.out:
         from selfrag_jax.utils import atomic_file
@@ -93,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
 def compare(session, items: list, specs: list[PipelineSpec], args: argparse.Namespace, judge=None,
             warmup: bool = True) -> dict[str, dict[str, Any]]:
     """Run each pipeline over `items` on one session; a report per pipeline name."""
+    from selfrag_jax.distributed import is_main
     from selfrag_jax.inference.cli import options_from_args
 
     reports = {}
@@ -104,7 +108,7 @@ def compare(session, items: list, specs: list[PipelineSpec], args: argparse.Name
             session.run(items[: args.batch_size], opts, args.batch_size)
         out = session.run(items, opts, args.batch_size)
         reports[spec.name] = out.report(inputs, judge)
-        if args.predictions_dir:
+        if args.predictions_dir and is_main():
             write_predictions(Path(args.predictions_dir), spec.name, out.records, reports[spec.name])
     return reports
 

@@ -228,6 +228,19 @@ class Engine:
         self._decode_rows = jit(self._decode_rows_impl, (params_s, cache_s, p.named("cache_batch", None) if p else None,
                                                          rep, rep), rep)
 
+    @classmethod
+    def load(cls, model: str, max_new_tokens: int, mesh: str | None = None, dtype: str = "float32",
+             rules: sharding.LogicalRules = sharding.DEFAULT_RULES):
+        """(engine, tokenizer) of a checkpoint or HF folder; with `mesh` (a mesh spec as `train`
+        takes it) the parameters load straight into their shardings, in `dtype`."""
+        from selfrag_jax.models.checkpoint import load_model
+
+        placement = Placement(sharding.make_mesh(mesh), rules) if mesh else None
+        config, params, tok, _ = load_model(model, shardings=placement.params if placement else None, dtype=dtype)
+        if tok is None:
+            raise ValueError(f"{model}: no tokenizer files next to the model")
+        return cls(params, config, ControlIds.from_tokenizer(tok), max_new_tokens, placement), tok
+
     @staticmethod
     def _check_placement(params, config: LlamaConfig, placement: Placement) -> None:
         """Cache shapes must split over the mesh (a one-line error naming the config value)."""

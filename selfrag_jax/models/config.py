@@ -15,6 +15,8 @@ from typing import Any
 
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch", "save_qkv_out")
 ROPE_TYPES = ("default", "linear", "llama3")
+# Parameter (and KV cache) dtypes the inference commands take.
+INFERENCE_DTYPES = ("float32", "bfloat16")
 
 
 @dataclass(frozen=True)
