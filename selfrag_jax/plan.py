@@ -433,6 +433,237 @@ def plan(config_path: str | None, target_spec: str, overrides: list[str] = (), d
 
 
 # --------------------------------------------------------------------------------------
+# Planning Self-RAG decoding: the engine's own programs (serving configs)
+# --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ServeConfig:
+    """A serving config: a YAML file with a top-level `serve:` section of these fields."""
+
+    model: str = "selfrag-7b"  # a model preset, or a model folder whose config gives the shape
+    mesh: str = "1,1,-1"  # data, fsdp, tensor, as `generate --mesh`
+    dtype: str = "bfloat16"  # parameters and KV cache (`generate --dtype`)
+    questions: int = 8  # questions per engine call (`generate --batch-size`)
+    ndocs: int = 5  # passages per question (K)
+    prompt_tokens: int = 128  # the longest question prompt
+    passage_tokens: int = 192  # the longest passage suffix
+    max_new_tokens: int = 100
+
+    @classmethod
+    def load(cls, path: str, overrides: list[str] = ()) -> "ServeConfig":
+        import yaml
+
+        raw = (yaml.safe_load(Path(path).read_text()) or {}).get("serve")
+        if not isinstance(raw, dict):
+            raise ValueError(f"{path}: no `serve:` section (a serving config)")
+        fields = {f.name: f.type for f in dataclasses.fields(cls)}
+        for item in overrides:
+            key, sep, value = item.partition("=")
+            if not sep or not key.startswith("serve."):
+                raise ValueError(f"override {item!r}: a serving config takes serve.FIELD=VALUE")
+            raw[key[len("serve."):]] = yaml.safe_load(value)
+        unknown = sorted(set(raw) - set(fields))
+        if unknown:
+            raise ValueError(f"{path}: serve.{unknown[0]} is not a serving field (one of {', '.join(fields)})")
+        config = cls(**{k: str(v) if fields[k] == "str" else v for k, v in raw.items()})
+        for name in ("questions", "ndocs", "prompt_tokens", "passage_tokens", "max_new_tokens"):
+            if not isinstance(getattr(config, name), int) or getattr(config, name) < 1:
+                raise ValueError(f"{path}: serve.{name} must be a whole number of at least 1")
+        return config
+
+
+def is_serve_config(path: str | None) -> bool:
+    import yaml
+
+    return bool(path) and Path(path).is_file() and isinstance(
+        (yaml.safe_load(Path(path).read_text()) or {}).get("serve"), dict)
+
+
+def serve_model_config(serve: ServeConfig):
+    from selfrag_jax.models.config import PRESETS, LlamaConfig, from_hf_dict, preset
+
+    folder = Path(serve.model)
+    if serve.model in PRESETS:
+        config = preset(serve.model)
+    elif (folder / "model_config.json").exists():
+        config = LlamaConfig.load(folder / "model_config.json")
+    elif (folder / "config.json").exists():
+        config = from_hf_dict(json.loads((folder / "config.json").read_text()), str(folder / "config.json"))
+    else:
+        raise ValueError(f"serve.model={serve.model!r} is neither a preset ({', '.join(PRESETS)}) nor a model folder")
+    return config.replace(dtype=serve.dtype, param_dtype=serve.dtype, scan_layers=True, remat_policy="none")
+
+
+@dataclass
+class ServePlan:
+    config: str
+    target: str
+    description: str
+    serve: dict[str, Any]
+    mesh: dict[str, int]
+    programs: dict[str, Memory]  # prefill and decode (suffix prefill + segment loop) at serve.questions
+    largest_questions: int  # the largest question batch that fits (0: not even one)
+    tried: dict[int, bool]  # questions -> fits
+    analytics: dict[str, float]
+    margin: float
+
+    @property
+    def fits(self) -> bool:
+        return all(m.fits for m in self.programs.values())
+
+
+def _serve_shapes(serve: ServeConfig, rows) -> dict[str, int]:
+    """Rows and lengths the engine pads one call of `serve.questions` questions to."""
+    from selfrag_jax.inference.engine import bucket_length
+    from selfrag_jax.inference.selfrag import PASSAGE_MARKERS
+
+    q = serve.questions
+    return {"context_rows": rows(q), "context_len": bucket_length(serve.prompt_tokens),
+            "candidate_rows": rows(q * serve.ndocs), "suffix_len": bucket_length(serve.passage_tokens + PASSAGE_MARKERS)}
+
+
+def _kv_bytes(config, rows: int, length: int) -> int:
+    import numpy as np
+
+    return 2 * config.num_layers * rows * config.num_kv_heads * length * config.head_dim * np.dtype(config.dtype).itemsize
+
+
+def plan_serve_programs(serve: ServeConfig, model_config, target: Target, margin: float) -> tuple[dict[str, Memory], dict]:
+    """AOT-compile the engine's prefill and decode programs (`Engine._prefill`, `Engine._decode`)
+    for `serve.questions` questions on `target`: per-chip memory of each, and the mesh."""
+    import jax
+    import jax.numpy as jnp
+
+    from selfrag_jax import sharding
+    from selfrag_jax.inference.engine import ControlIds, Engine, Placement
+    from selfrag_jax.models.llama import abstract_params
+
+    placement = Placement(sharding.make_mesh(serve.mesh, target_devices(target)))
+    v = model_config.vocab_size  # any ids in the vocabulary: they only index the logits
+    ids = ControlIds(retrieve=(v - 16, v - 15, v - 14), isrel=(v - 13, v - 12), issup=(v - 11, v - 10, v - 9),
+                     isuse=tuple(range(v - 8, v - 3)), eos=2, pad=v - 1)
+    abstract, _ = abstract_params(model_config)
+    pshard = placement.params(model_config)
+    params = _with_shardings(abstract, pshard)
+    engine = Engine(params, model_config, ids, serve.max_new_tokens, placement)
+    shapes = _serve_shapes(serve, engine.bucket_rows)
+    rep = placement.replicated
+
+    def arg(*shape):
+        return jax.ShapeDtypeStruct(shape, jnp.int32, sharding=rep)
+
+    cr, cl, kr, sl = shapes["context_rows"], shapes["context_len"], shapes["candidate_rows"], shapes["suffix_len"]
+    kv = jax.ShapeDtypeStruct((model_config.num_layers, cr, model_config.num_kv_heads, cl, model_config.head_dim),
+                              jnp.dtype(model_config.dtype), sharding=placement.cache.k)
+    from selfrag_jax.models.llama import KVCache
+
+    ctx_cache = KVCache(kv, kv, jax.ShapeDtypeStruct((cr,), jnp.int32, sharding=placement.cache.end))
+    param_bytes = _shard_bytes(abstract, pshard)
+    parts = placement.row_multiple * placement.mesh.shape["tensor"]
+    ctx_kv = _kv_bytes(model_config, cr, cl) // parts
+    cand_kv = _kv_bytes(model_config, kr, cl + sl + serve.max_new_tokens) // parts
+    programs = {}
+    for name, lower in (("prefill", lambda: engine._prefill.lower(params, arg(cr, cl), arg(cr))),
+                        ("decode", lambda: engine._decode.lower(params, ctx_cache, arg(kr), arg(kr, sl), arg(kr), arg(kr)))):
+        mem = Memory(parameters=param_bytes, kv_cache=ctx_kv + (cand_kv if name == "decode" else 0),
+                     hbm=target.chip.hbm_bytes)
+
+        def scoped(lower=lower):
+            with placement.scope():
+                return lower()
+
+        programs[name] = _compile(scoped, mem, margin)
+    return programs, {"mesh": dict(placement.mesh.shape), **shapes}
+
+
+def estimate_serve_gpu(serve: ServeConfig, model_config, target: Target, margin: float) -> tuple[dict[str, Memory], dict]:
+    """GPUs: parameters, both KV caches and the float32 logits of every candidate row, from shapes."""
+    from selfrag_jax.sharding import parse_mesh_spec
+
+    mesh = parse_mesh_spec(serve.mesh, target.num_chips)
+    rows = mesh["data"] * mesh["fsdp"]
+    shapes = _serve_shapes(serve, lambda n: -(-n // rows) * rows)
+    n = target.num_chips
+    params = model_config.num_params() * jnp_itemsize(model_config.param_dtype) / n
+    ctx_kv = _kv_bytes(model_config, shapes["context_rows"], shapes["context_len"]) / n
+    cand_kv = _kv_bytes(model_config, shapes["candidate_rows"],
+                        shapes["context_len"] + shapes["suffix_len"] + serve.max_new_tokens) / n
+    logits = 3 * shapes["candidate_rows"] * model_config.vocab_size * 4 / n  # logits, log-softmax, probabilities
+    programs = {}
+    for name, kv in (("prefill", ctx_kv), ("decode", ctx_kv + cand_kv)):
+        mem = Memory(parameters=int(params), kv_cache=int(kv), temporaries=int(logits), hbm=target.chip.hbm_bytes,
+                     estimated=True)
+        mem.total = int(params + kv + logits)
+        mem.fits = mem.total <= mem.hbm * (1 - margin)
+        programs[name] = mem
+    return programs, {"mesh": mesh, **shapes}
+
+
+def jnp_itemsize(dtype: str) -> int:
+    import numpy as np
+
+    import ml_dtypes  # noqa: F401 - registers bfloat16 with numpy
+
+    return np.dtype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype).itemsize
+
+
+def plan_serve(config_path: str, target_spec: str, overrides: list[str] = (), margin: float = 0.1,
+               search: bool = True, max_compiles: int = 6) -> ServePlan:
+    """Plan a serving config on a target; then double (or halve) the question batch to find the
+    largest that fits, compiling each (TPU) or estimating it (GPU)."""
+    serve = ServeConfig.load(config_path, list(overrides))
+    target = parse_target(target_spec)
+    model_config = serve_model_config(serve)
+    planner = estimate_serve_gpu if target.chip.kind == "gpu" else plan_serve_programs
+    programs, info = planner(serve, model_config, target, margin)
+    fits = all(m.fits for m in programs.values())
+    tried = {serve.questions: fits}
+    q, step = serve.questions, (2 if fits else 0.5)
+    while search and len(tried) < max_compiles:
+        nxt = int(q * step)
+        if nxt < 1 or nxt in tried:
+            break
+        ok = all(m.fits for m in planner(dataclasses.replace(serve, questions=nxt), model_config, target, margin)[0].values())
+        tried[nxt] = ok
+        if ok != fits:
+            break
+        q = nxt
+    largest = max((k for k, ok in tried.items() if ok), default=0)
+    decode = programs["decode"]
+    read = (decode.parameters + _kv_bytes(model_config, info["candidate_rows"],
+                                          info["context_len"] + info["suffix_len"] + serve.max_new_tokens)
+            / target.num_chips) * target.num_chips
+    analytics = {"decode_bytes_per_step": read, "candidate_rows": info["candidate_rows"],
+                 "decode_roofline_tokens_per_s": info["candidate_rows"] * target.chip.hbm_bandwidth * target.num_chips / read}
+    return ServePlan(str(config_path), target.spec, target.describe(), dataclasses.asdict(serve), info.pop("mesh"),
+                     programs, largest, tried, {**analytics, **info}, margin)
+
+
+def serve_table(p: ServePlan) -> str:
+    s, a = p.serve, p.analytics
+    lines = [f"plan {p.config} on {p.description}",
+             f"serving {s['model']} in {s['dtype']}: {s['questions']} questions x {s['ndocs']} passages "
+             f"({a['context_rows']} context rows x {a['context_len']}, {a['candidate_rows']} candidate rows x "
+             f"{a['suffix_len']} + {s['max_new_tokens']} new); mesh " + " ".join(f"{k}={v}" for k, v in p.mesh.items())]
+    rows = [("parameters", "parameters"), ("KV cache", "kv_cache"), ("temporaries", "temporaries"), ("total", "total")]
+    lines.append(f"{'per chip':24s}" + "".join(f"{name:>16s}" for name in p.programs))
+    for label, key in rows:
+        lines.append(f"{label:24s}" + "".join(f"{_gib(getattr(m, key)):>16s}" for m in p.programs.values()))
+    est = any(m.estimated for m in p.programs.values())
+    lines.append(f"{'fits (' + str(round(p.margin * 100)) + '% margin)':24s}"
+                 + "".join(f"{('yes' if m.fits else 'NO'):>16s}" for m in p.programs.values())
+                 + ("   (analytic estimate: no ahead-of-time GPU backend here)" if est else ""))
+    for m in p.programs.values():
+        if m.error:
+            lines.append(f"compiler: {m.error}")
+    lines.append("question batches tried: " + ", ".join(f"{q} {'fits' if ok else 'does not fit'}"
+                                                         for q, ok in sorted(p.tried.items()))
+                 + f"; the largest that fits: {p.largest_questions}")
+    lines.append(f"decode roofline: {a['decode_roofline_tokens_per_s']:.0f} tokens/s "
+                 f"({a['decode_bytes_per_step'] / 1e9:.1f} GB of weights and KV cache read per step)")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------
 # Suggestions: what would make it fit
 # --------------------------------------------------------------------------------------
 def candidate_changes(cfg, target: Target, model_config) -> list[tuple[str, list[str]]]:
@@ -546,8 +777,10 @@ def table(p: Plan) -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = " ".join(__doc__.split("\n\n")[1:3]).replace("\n", " ").split(" Exit status")[0]
     parser.epilog = "exit status: 0 fits, 1 does not fit (see the suggested change), 2 bad input"
-    parser.add_argument("config", help="training YAML (e.g. configs/tpu/generator_7b_v5p-32.yaml)")
-    parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, as for train")
+    parser.add_argument("config", help="training YAML (e.g. configs/tpu/generator_7b_v5p-32.yaml), or a serving "
+                                       "YAML with a `serve:` section (configs/serve/): the engine's programs")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, as for train "
+                                                                          "(serve.questions=16 for a serving YAML)")
     parser.add_argument("--mesh", required=True, metavar="SPEC", help=SPEC_HELP)
     parser.add_argument("--decode-batch", type=int, default=0,
                         help="rows of the decode step (default: one per data x fsdp device group)")
@@ -561,6 +794,14 @@ def run(args: argparse.Namespace) -> int:
     if not 0 <= args.margin < 1:
         raise ValueError(f"--margin {args.margin} must be in [0, 1)")
     parse_target(args.mesh)  # bad specs fail before anything is imported or compiled
+    if is_serve_config(args.config):
+        try:
+            served = plan_serve(args.config, args.mesh, args.overrides, args.margin)
+        except RuntimeError as err:
+            raise ValueError(str(err)) from None
+        print(json.dumps({**dataclasses.asdict(served), "fits": served.fits}, indent=2) if args.json
+              else serve_table(served))
+        return 0 if served.fits else 1
     log = (lambda *_: None) if args.json else print
     try:
         report = plan(args.config, args.mesh, args.overrides, args.decode_batch, args.margin, not args.no_decode)
