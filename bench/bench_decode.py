@@ -2,7 +2,8 @@
 
 `python -m bench.bench_decode [--small]` -> bench/results/decode[_small].json
 `python -m bench.bench_decode --accelerator` -> decode_gpu.json: JAX's default device and
-PyTorch on CUDA, both with bfloat16 weights (the float32 CPU run is the default).
+PyTorch on CUDA, both with bfloat16 weights (the float32 CPU run is the default);
+`--preset selfrag-7b` runs the released size (random weights) instead of the 125M shape.
 The results file is rewritten after each part, so a run cut short keeps what it measured.
 
 Workload (default): 32 questions x 5 passages of ~150 tokens, up to 64 new tokens, the
@@ -161,8 +162,13 @@ def main(argv=None) -> int:
     parser.add_argument("--accelerator", action="store_true",
                         help="JAX's default device and PyTorch on CUDA, bfloat16 weights on both")
     parser.add_argument("--out", type=Path, help="results file [bench/results/decode{,_small,_gpu}.json]")
+    parser.add_argument("--preset", help="another model shape, e.g. selfrag-7b (the released size) on a GPU")
     args = parser.parse_args(argv)
     w = SMALL if args.small else FULL
+    if args.preset:
+        from dataclasses import replace
+
+        w = replace(w, preset=args.preset)
     if not args.accelerator:
         os.environ.setdefault("JAX_PLATFORMS", "cpu")  # a CPU benchmark against PyTorch on CPU
     os.environ.setdefault("SELFRAG_NO_PROGRESS", "1")

@@ -3,8 +3,9 @@
 `python bench/gpu_check.py [--small] [--out bench/results/gpu_check.json]` reports
 1. train-step MFU of the trainer's own jitted step (`Trainer.jit_train_step`) for the
    llama-1b preset at bfloat16 compute on synthetic batches (MaxText's FLOP count);
-2. decode tokens/s of `greedy_generate` (bfloat16 weights and KV cache) and its share of the
-   memory-bandwidth roofline: bytes of weights + KV cache read per step / HBM bandwidth;
+2. decode tokens/s of the Self-RAG engine's segment step (`Engine.decode`, K candidate rows per
+   question, bfloat16 weights and KV cache) and its share of the memory-bandwidth roofline:
+   bytes of weights + KV cache read per step / HBM bandwidth;
 3. logits parity: the same small random float32 model on the CPU and on the accelerator
    (max abs difference at "highest" matmul precision).
 It imports only jax, flax, optax, numpy and selfrag_jax's model, trainer and decoder (the
@@ -29,8 +30,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from selfrag_jax.inference.decode import greedy_generate  # noqa: E402
-from selfrag_jax.models.config import preset  # noqa: E402
+from selfrag_jax.models.config import SELFRAG_VOCAB, preset  # noqa: E402
 from selfrag_jax.models.llama import Llama, init_params  # noqa: E402
 from selfrag_jax.plan import CHIPS  # noqa: E402
 from selfrag_jax.sharding import make_mesh  # noqa: E402
@@ -50,13 +50,15 @@ class Sizes:
     batch: int
     seq_len: int
     train_steps: int
-    decode_batch: int
+    decode_batch: int  # candidate rows: questions x ndocs
+    ndocs: int
     prompt_len: int
     new_tokens: int
 
 
-FULL = Sizes("llama-1b", batch=8, seq_len=2048, train_steps=10, decode_batch=64, prompt_len=128, new_tokens=256)
-SMALL = Sizes("tiny", batch=4, seq_len=64, train_steps=3, decode_batch=4, prompt_len=8, new_tokens=16)
+FULL = Sizes("llama-1b", batch=8, seq_len=2048, train_steps=10, decode_batch=160, ndocs=5, prompt_len=128,
+             new_tokens=256)
+SMALL = Sizes("tiny", batch=4, seq_len=64, train_steps=3, decode_batch=6, ndocs=3, prompt_len=8, new_tokens=16)
 
 
 def accelerator() -> tuple[jax.Device, float, float]:
@@ -115,31 +117,44 @@ def check_train(s: Sizes, peak: float) -> dict:
 
 
 def check_decode(s: Sizes, bandwidth: float) -> dict:
-    """Decode rate with bfloat16 weights and cache; prefill is timed apart and subtracted."""
-    config = preset(s.model, dtype="bfloat16", param_dtype="bfloat16")
+    """The engine's segment step (`Engine.decode`: K candidate rows per question) with
+    bfloat16 weights and KV cache. The suffix prefill is timed apart (a one-token budget) and
+    subtracted; per step the weights and every row's cache are read once."""
+    from selfrag_jax.inference.engine import ControlIds, Engine
+
+    # The released vocabulary, so that a random model rarely emits one of its boundary ids.
+    config = preset(s.model, dtype="bfloat16", param_dtype="bfloat16", vocab_size=SELFRAG_VOCAB)
+    v = config.vocab_size  # control ids at the end of the vocabulary, as Self-RAG's
+    ids = ControlIds(retrieve=(v - 16, v - 15, v - 14), isrel=(v - 13, v - 12), issup=(v - 11, v - 10, v - 9),
+                     isuse=tuple(range(v - 8, v - 3)), eos=v - 2, pad=v - 1)
     params = init_params(config, 0)
     rng = np.random.default_rng(0)
-    tokens = jnp.asarray(rng.integers(3, config.vocab_size, (s.decode_batch, s.prompt_len)), jnp.int32)
-    lengths = jnp.full((s.decode_batch,), s.prompt_len, jnp.int32)
-    never = jnp.asarray([-1], jnp.int32)  # no stop token: every row decodes the whole budget
+    questions = max(1, s.decode_batch // s.ndocs)
+    prompts = rng.integers(3, v - 16, (questions, s.prompt_len)).tolist()
+    src = [q for q in range(questions) for _ in range(s.ndocs)]
+    suffixes = rng.integers(3, v - 16, (len(src), s.prompt_len)).tolist()
+    engines = {n: Engine(params, config, ids, n) for n in (1, s.new_tokens)}
+    state = engines[1].prefill(prompts)
 
     def run(n):
-        return greedy_generate(params, config, tokens, lengths, n, never)
+        return engines[n].decode(state, src, suffixes)
 
     prefill_s, _ = timed(lambda: run(1), repeats=2)
-    total_s, (out, counts) = timed(lambda: run(s.new_tokens), repeats=2)
+    total_s, seg = timed(lambda: run(s.new_tokens), repeats=2)
     steps = s.new_tokens - 1
     decode_s = max(total_s - prefill_s, 1e-9)
+    rows = engines[1].bucket_rows(len(src))
     c = config
     weights = 2 * c.num_params()
-    cache = 2 * 2 * c.num_layers * s.decode_batch * c.num_kv_heads * (s.prompt_len + s.new_tokens) * c.head_dim
+    width = state.cache.max_len + len(suffixes[0]) + s.new_tokens  # every step attends over the full width
+    cache = 2 * 2 * c.num_layers * rows * c.num_kv_heads * width * c.head_dim
     roofline_step = (weights + cache) / bandwidth if bandwidth else 0.0
-    return {"model": s.model, "batch": s.decode_batch, "prompt_len": s.prompt_len, "new_tokens": s.new_tokens,
-            "prefill_s": prefill_s, "decode_s": decode_s, "tokens_per_s": s.decode_batch * steps / decode_s,
-            "step_ms": 1e3 * decode_s / steps, "bytes_per_step": weights + cache,
-            "hbm_bandwidth": bandwidth or None,
+    return {"model": s.model, "questions": questions, "ndocs": s.ndocs, "rows": len(src), "prompt_len": s.prompt_len,
+            "new_tokens": s.new_tokens, "prefill_s": prefill_s, "decode_s": decode_s,
+            "tokens_per_s": len(src) * steps / decode_s, "step_ms": 1e3 * decode_s / steps,
+            "bytes_per_step": weights + cache, "hbm_bandwidth": bandwidth or None,
             "roofline_share": roofline_step / (decode_s / steps) if bandwidth else None,
-            "all_rows_full": bool(np.all(np.asarray(counts) == s.new_tokens))}
+            "all_rows_full": bool(np.all(seg.counts == s.new_tokens))}
 
 
 def check_parity(device: jax.Device) -> dict:

@@ -607,26 +607,33 @@ def jnp_itemsize(dtype: str) -> int:
 
 
 def plan_serve(config_path: str, target_spec: str, overrides: list[str] = (), margin: float = 0.1,
-               search: bool = True, max_compiles: int = 6) -> ServePlan:
-    """Plan a serving config on a target; then double (or halve) the question batch to find the
-    largest that fits, compiling each (TPU) or estimating it (GPU)."""
+               search: bool = True, max_compiles: int = 12) -> ServePlan:
+    """Plan a serving config on a target; then search the largest question batch that fits
+    (doubling or halving, then bisecting), compiling each (TPU) or estimating it (GPU)."""
     serve = ServeConfig.load(config_path, list(overrides))
     target = parse_target(target_spec)
     model_config = serve_model_config(serve)
     planner = estimate_serve_gpu if target.chip.kind == "gpu" else plan_serve_programs
     programs, info = planner(serve, model_config, target, margin)
-    fits = all(m.fits for m in programs.values())
-    tried = {serve.questions: fits}
-    q, step = serve.questions, (2 if fits else 0.5)
+    tried = {serve.questions: all(m.fits for m in programs.values())}
+
+    def fits(q: int) -> bool:
+        if q not in tried:
+            tried[q] = all(m.fits for m in planner(dataclasses.replace(serve, questions=q), model_config, target,
+                                                   margin)[0].values())
+        return tried[q]
+
+    # Double (or halve) until the answer changes, then bisect to within an eighth.
+    q, first = serve.questions, tried[serve.questions]
     while search and len(tried) < max_compiles:
-        nxt = int(q * step)
-        if nxt < 1 or nxt in tried:
+        q = q * 2 if first else q // 2
+        if q < 1 or fits(q) != first:
             break
-        ok = all(m.fits for m in planner(dataclasses.replace(serve, questions=nxt), model_config, target, margin)[0].values())
-        tried[nxt] = ok
-        if ok != fits:
-            break
-        q = nxt
+    lo = max((k for k, ok in tried.items() if ok), default=0)
+    hi = min((k for k, ok in tried.items() if not ok), default=0)
+    while search and lo and hi > lo + max(1, lo // 8) and len(tried) < max_compiles:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
     largest = max((k for k, ok in tried.items() if ok), default=0)
     decode = programs["decode"]
     read = (decode.parameters + _kv_bytes(model_config, info["candidate_rows"],
@@ -657,7 +664,7 @@ def serve_table(p: ServePlan) -> str:
             lines.append(f"compiler: {m.error}")
     lines.append("question batches tried: " + ", ".join(f"{q} {'fits' if ok else 'does not fit'}"
                                                          for q, ok in sorted(p.tried.items()))
-                 + f"; the largest that fits: {p.largest_questions}")
+                 + f"; the largest that fits: {'at least ' if all(p.tried.values()) else ''}{p.largest_questions}")
     lines.append(f"decode roofline: {a['decode_roofline_tokens_per_s']:.0f} tokens/s "
                  f"({a['decode_bytes_per_step'] / 1e9:.1f} GB of weights and KV cache read per step)")
     return "\n".join(lines)
@@ -786,7 +793,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="rows of the decode step (default: one per data x fsdp device group)")
     parser.add_argument("--margin", type=float, default=0.1, help="share of HBM kept free [0.1]")
     parser.add_argument("--no-decode", action="store_true", help="plan the train step only")
-    parser.add_argument("--no-suggest", action="store_true", help="do not re-plan changes when it does not fit")
+    parser.add_argument("--no-suggest", action="store_true", help="do not re-plan changes when it does not fit "
+                                                                  "(serving: do not search the largest question batch)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
@@ -796,7 +804,7 @@ def run(args: argparse.Namespace) -> int:
     parse_target(args.mesh)  # bad specs fail before anything is imported or compiled
     if is_serve_config(args.config):
         try:
-            served = plan_serve(args.config, args.mesh, args.overrides, args.margin)
+            served = plan_serve(args.config, args.mesh, args.overrides, args.margin, search=not args.no_suggest)
         except RuntimeError as err:
             raise ValueError(str(err)) from None
         print(json.dumps({**dataclasses.asdict(served), "fits": served.fits}, indent=2) if args.json

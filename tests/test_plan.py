@@ -183,3 +183,63 @@ def test_gpu_check_runs_small_on_cpu(tmp_path):
     assert report["platform"] == "cpu" and report["train"]["finite"] and report["train"]["mfu"] > 0
     assert report["decode"]["tokens_per_s"] > 0 and report["decode"]["all_rows_full"]
     assert report["parity"]["max_abs_diff"] == 0.0  # both sides are the CPU here
+
+
+# --- serving: the engine's own programs -------------------------------------------------
+def serve_yaml(tmp_path, **fields) -> str:
+    import yaml
+
+    serve = {"model": "tiny", "mesh": "4,1,2", "questions": 4, "ndocs": 5, "prompt_tokens": 40,
+             "passage_tokens": 60, "max_new_tokens": 16, **fields}
+    path = tmp_path / "serve.yaml"
+    path.write_text(yaml.safe_dump({"serve": serve}))
+    return str(path)
+
+
+def test_serve_plan_compiles_the_engines_prefill_and_decode_for_a_tpu(tmp_path):
+    needs_libtpu()
+    from selfrag_jax.plan import plan_serve
+
+    p = plan_serve(serve_yaml(tmp_path), "v5e-8", search=False)
+    assert set(p.programs) == {"prefill", "decode"} and p.fits and p.mesh == {"data": 4, "fsdp": 1, "tensor": 2}
+    prefill, decode = p.programs["prefill"], p.programs["decode"]
+    assert not decode.estimated and decode.total > 0 and decode.compile_s > 0
+    # the engine's buckets: 20 candidate rows (4 x 5, split over data=4), suffix 60 + 3 markers -> 64
+    assert (p.analytics["candidate_rows"], p.analytics["suffix_len"], p.analytics["context_rows"]) == (20, 64, 4)
+    assert decode.kv_cache > prefill.kv_cache > 0  # the candidates' cache on top of the contexts'
+    assert decode.parameters == prefill.parameters > 0
+
+
+def test_serve_plan_finds_the_largest_question_batch_that_fits(tmp_path):
+    """An 80 GB GPU (analytic): a batch that overflows is reported with the one that fits."""
+    from selfrag_jax.plan import plan_serve, serve_table
+
+    path = serve_yaml(tmp_path, model="selfrag-13b", mesh="1,1,1", dtype="bfloat16", questions=512,
+                      prompt_tokens=512, passage_tokens=512, max_new_tokens=200)
+    p = plan_serve(path, "h100")
+    assert not p.fits and p.programs["decode"].estimated
+    assert 1 <= p.largest_questions < 512 and p.tried[p.largest_questions] and not p.tried[2 * p.largest_questions]
+    assert f"the largest that fits: {p.largest_questions}" in serve_table(p)
+    small = plan_serve(path, "h100", ["serve.questions=1"], search=False)
+    assert small.fits and small.programs["decode"].parameters == pytest.approx(13.0e9 * 2, rel=0.02)
+
+
+def test_serve_config_errors_name_the_field(tmp_path):
+    from selfrag_jax.plan import ServeConfig
+
+    with pytest.raises(ValueError, match="serve.batch is not a serving field"):
+        ServeConfig.load(serve_yaml(tmp_path, batch=3))
+    with pytest.raises(ValueError, match="serve.ndocs must be"):
+        ServeConfig.load(serve_yaml(tmp_path, ndocs=0))
+
+
+def test_shipped_serving_configs_load():
+    from selfrag_jax.plan import ServeConfig, is_serve_config, parse_target, serve_model_config
+
+    paths = sorted((ROOT / "configs" / "serve").glob("*.yaml"))
+    assert len(paths) >= 4
+    for path in paths:
+        assert is_serve_config(str(path))
+        serve = ServeConfig.load(str(path))
+        assert serve.dtype == "bfloat16" and serve_model_config(serve).param_dtype == "bfloat16"
+        parse_target(path.stem.split("_")[-1])
