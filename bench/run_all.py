@@ -38,6 +38,17 @@ def discover() -> list[str]:
     return names
 
 
+def file_date(path: Path) -> str:
+    """When a results file without a `date` was last committed (a fresh clone's modification
+    times are the clone's), else its modification time."""
+    try:
+        committed = subprocess.run(["git", "log", "-1", "--format=%cI", "--", path.name], cwd=path.parent,
+                                   capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        committed = ""
+    return committed or datetime.datetime.fromtimestamp(path.stat().st_mtime, datetime.timezone.utc).isoformat()
+
+
 def gpu_visible() -> bool:
     if shutil.which("nvidia-smi"):
         try:
@@ -78,8 +89,7 @@ def table() -> str:
             result = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError):
             continue
-        date = str(result.get("date") or datetime.datetime.fromtimestamp(path.stat().st_mtime,
-                                                                         datetime.timezone.utc).isoformat(timespec="seconds"))[:10]
+        date = str(result.get("date") or file_date(path))[:10]
         for row in summary_rows(path.stem, result):
             ratio = row.get("ratio")
             goal = row.get("goal") or ""

@@ -162,12 +162,18 @@ def test_missing_tensor_fails_with_its_name(tmp_path):
         load_hf(folder)
 
 
-def test_unknown_config_key_fails_with_its_name(tmp_path):
+def test_config_keys_that_change_nothing_are_noted_and_those_that_do_refused(tmp_path, caplog):
     folder = make_hf_llama(tmp_path / "hf")
     cfg = json.loads((folder / "config.json").read_text())
-    cfg["sliding_window"] = 4096
-    (folder / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ValueError, match=r"config\.json: unknown config key 'sliding_window'"):
+    # what a real file (SmolLM2 dequantized by transformers) carries beside the shape
+    (folder / "config.json").write_text(json.dumps({**cfg, "_model_name_or_path": "x/y", "unk_token_id": 0,
+                                                    "sliding_window": None}))
+    with caplog.at_level("WARNING"):
+        config, _, _ = load_hf(folder)
+    assert config.num_layers == cfg["num_hidden_layers"]
+    assert "ignoring keys a Llama does not compute with: _model_name_or_path, unk_token_id" in caplog.text
+    (folder / "config.json").write_text(json.dumps({**cfg, "sliding_window": 4096}))
+    with pytest.raises(ValueError, match=r"config\.json: sliding_window=4096 is not supported"):
         load_hf(folder)
 
 

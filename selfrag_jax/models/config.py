@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -111,8 +112,10 @@ class LlamaConfig:
         return cls.from_dict(json.loads(Path(path).read_text()), where=str(path))
 
 
-# Hugging Face config.json <-> LlamaConfig. Keys in HF_IGNORED carry no model semantics
-# (bookkeeping, generation defaults); any other key not in HF_KEYS is rejected.
+# Hugging Face config.json <-> LlamaConfig. Real files carry keys no Llama computation reads
+# (bookkeeping, generation defaults, special-token ids, a hub name): those are noted once and
+# ignored. Only keys that change the computation, with a value this model does not implement
+# (HF_MUST_BE), are refused, naming key and value.
 HF_KEYS = {
     "vocab_size": "vocab_size",
     "hidden_size": "hidden_size",
@@ -137,7 +140,14 @@ HF_IGNORED = {
     "attention_dropout", "tokenizer_class", "max_length", "rope_scaling", "rope_parameters",
 }
 # Features whose non-default values this implementation does not support.
-HF_MUST_BE = {"hidden_act": ("silu",), "attention_bias": (False,), "mlp_bias": (False,)}
+HF_MUST_BE = {
+    "hidden_act": ("silu",), "attention_bias": (False,), "mlp_bias": (False,),
+    "sliding_window": (None,), "use_sliding_window": (False,), "attn_logit_softcapping": (None,),
+    "final_logit_softcapping": (None,), "partial_rotary_factor": (1.0, None), "qk_norm": (False,),
+    "use_qk_norm": (False,), "logits_scaling": (1.0, None), "embedding_multiplier": (1.0, None),
+    "residual_multiplier": (1.0, None), "attention_multiplier": (None,), "num_experts": (None, 0, 1),
+    "num_local_experts": (None, 0, 1),
+}
 
 
 def from_hf_dict(hf: dict[str, Any], where: str = "config.json", **overrides) -> LlamaConfig:
@@ -145,6 +155,7 @@ def from_hf_dict(hf: dict[str, Any], where: str = "config.json", **overrides) ->
     if hf.get("model_type", "llama") != "llama":
         raise ValueError(f"{where}: model_type={hf['model_type']!r} is not a Llama model")
     kwargs: dict[str, Any] = {}
+    unknown: list[str] = []
     for key, value in hf.items():
         if key in HF_KEYS:
             kwargs[HF_KEYS[key]] = value
@@ -152,7 +163,10 @@ def from_hf_dict(hf: dict[str, Any], where: str = "config.json", **overrides) ->
             if value not in HF_MUST_BE[key]:
                 raise ValueError(f"{where}: {key}={value!r} is not supported (expected {HF_MUST_BE[key][0]!r})")
         elif key not in HF_IGNORED:
-            raise ValueError(f"{where}: unknown config key {key!r}")
+            unknown.append(key)
+    if unknown:
+        logging.getLogger(__name__).warning("%s: ignoring keys a Llama does not compute with: %s", where,
+                                            ", ".join(sorted(unknown)))
     if isinstance(kwargs.get("eos_token_id"), list):
         kwargs["eos_token_id"] = kwargs["eos_token_id"][0]
     # Transformers 5 writes rope_parameters (with rope_theta inside); older files rope_scaling.
