@@ -17,6 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train-default": ("selfrag_jax.demo", "train the bundled world's base, critic and generator (make train-default)"),
     "convert hf-to-ckpt": ("selfrag_jax.models.convert", "Hugging Face Llama folder -> selfrag-jax checkpoint"),
     "convert ckpt-to-hf": ("selfrag_jax.models.convert", "selfrag-jax checkpoint -> Hugging Face Llama folder"),
+    "convert gguf-to-ckpt": ("selfrag_jax.models.convert", "Llama GGUF file (llama.cpp) -> selfrag-jax checkpoint"),
     "annotate": ("selfrag_jax.data.annotate", "the critic turns instruction-output pairs into generator training data"),
     "train": ("selfrag_jax.training.main", "train the critic or the generator from a YAML config"),
     "index build": ("selfrag_jax.retrieval.cli", "embed passages and build a persistent ScaNN (or exact) index"),

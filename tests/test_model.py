@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import jax
 import numpy as np
 import pytest
 import torch
@@ -207,3 +208,35 @@ def test_preset_override_derives_head_dim_again():
     explicit = preset("tiny", head_dim=48)  # not derived: a new width keeps it
     assert explicit.replace(hidden_size=128).head_dim == 48
     assert preset("tiny", vocab_size=100).head_dim == 16  # the shape unchanged
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_pytorch_bin_shards_load_without_torch_and_export_bit_for_bit(tmp_path, dtype):
+    """A 2023-style folder (`pytorch_model-*.bin` shards + index) loads like its safetensors
+    twin, and exports the same tensors bit for bit."""
+    import shutil
+
+    from safetensors.numpy import load_file
+    from transformers import LlamaForCausalLM
+
+    st = make_hf_llama(tmp_path / "st", dtype=dtype)
+    state = LlamaForCausalLM.from_pretrained(st, dtype=getattr(torch, dtype)).state_dict()
+    binf = tmp_path / "bin"
+    binf.mkdir()
+    shutil.copy(st / "config.json", binf / "config.json")
+    names, weight_map = sorted(state), {}
+    for n, part in enumerate((names[:7], names[7:14], names[14:]), 1):  # as transformers 4 sharded them
+        file = f"pytorch_model-{n:05d}-of-00003.bin"
+        torch.save({k: state[k].clone() for k in part}, binf / file)
+        weight_map.update({k: file for k in part})
+    (binf / "pytorch_model.bin.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    config_st, params_st, _ = load_hf(st)
+    config_bin, params_bin, meta = load_hf(binf)
+    assert config_bin == config_st
+    for a, b in zip(jax.tree.leaves(params_st), jax.tree.leaves(params_bin)):
+        assert np.array_equal(a, b)
+    export_hf(params_bin, config_bin, tmp_path / "out", meta=meta)
+    want, got = load_file(st / "model.safetensors"), load_file(tmp_path / "out" / "model.safetensors")
+    assert set(got) == set(want)
+    for name in want:
+        assert got[name].dtype == want[name].dtype and np.array_equal(got[name], want[name]), name

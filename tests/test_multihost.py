@@ -57,6 +57,25 @@ Trainer(cfg, model_config).fit(data, cfg.num_steps)
 """
 
 
+def run_two_and_one(commands: list[list[str]], reference: list[str]) -> None:
+    """Two processes (4 devices each) joined by jax.distributed, beside one process with 8,
+    all at once; each must exit 0."""
+    coordinator = f"127.0.0.1:{_free_port()}"
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=_env(4, JAX_COORDINATOR_ADDRESS=coordinator, JAX_NUM_PROCESSES="2",
+                                       JAX_PROCESS_ID=str(i)))
+             for i, cmd in enumerate(commands)]
+    procs.append(subprocess.Popen(reference, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(8)))
+    try:
+        results = [p.communicate(timeout=300) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for p, (_, err) in zip(procs, results):
+        assert p.returncode == 0, err[-2000:]
+
+
 def _train(run_dir: Path) -> list[str]:
     return [sys.executable, "-m", "selfrag_jax", "train", "/dev/null", f"run_dir={run_dir}", *ARGS]
 
@@ -67,21 +86,7 @@ def _losses(run_dir: Path) -> list[float]:
 
 def test_two_processes_match_one_process(tmp_path):
     multi = tmp_path / "multi"
-    coordinator = f"127.0.0.1:{_free_port()}"
-    procs = [subprocess.Popen(_train(multi), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=_env(4, JAX_COORDINATOR_ADDRESS=coordinator, JAX_NUM_PROCESSES="2",
-                                       JAX_PROCESS_ID=str(i)))
-             for i in range(2)]
-    procs.append(subprocess.Popen([sys.executable, "-c", REFERENCE, f"run_dir={tmp_path / 'single'}", *ARGS],
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(8)))
-    try:
-        results = [p.communicate(timeout=300) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    for p, (_, err) in zip(procs, results):
-        assert p.returncode == 0, err[-2000:]
+    run_two_and_one([_train(multi)] * 2, [sys.executable, "-c", REFERENCE, f"run_dir={tmp_path / 'single'}", *ARGS])
 
     reference = _losses(tmp_path / "single")
     assert len(reference) == STEPS
@@ -109,22 +114,8 @@ def test_generate_over_two_processes_is_the_single_process_output(tmp_path):
                 "--output", str(out), "--mesh", "2,1,4", "--mode", "always", "--max-new-tokens", "8",
                 "--batch-size", "4", "--trace"]
 
-    coordinator = f"127.0.0.1:{_free_port()}"
     outs = [tmp_path / "multi0.jsonl", tmp_path / "multi1.jsonl", tmp_path / "single.jsonl"]
-    procs = [subprocess.Popen(generate(outs[i]), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=_env(4, JAX_COORDINATOR_ADDRESS=coordinator, JAX_NUM_PROCESSES="2",
-                                       JAX_PROCESS_ID=str(i)))
-             for i in range(2)]
-    procs.append(subprocess.Popen(generate(outs[2]), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                  env=_env(8)))
-    try:
-        results = [p.communicate(timeout=300) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    for p, (_, err) in zip(procs, results):
-        assert p.returncode == 0, err[-2000:]
+    run_two_and_one([generate(outs[0]), generate(outs[1])], generate(outs[2]))
     single = [json.loads(line) for line in outs[2].read_text().splitlines()]
     assert len(single) == 6 and all(r["candidates"] for r in single)
     multi = [json.loads(line) for line in outs[0].read_text().splitlines()]

@@ -8,11 +8,11 @@ import random
 import numpy as np
 import pytest
 
+from selfrag_jax.models.torch_zip import load_torch_zip
 from selfrag_jax.retrieval.encoder import (
     EncoderConfig,
     TextEncoder,
     load_hf_state,
-    load_torch_zip,
     read_encoder_spec,
 )
 from test_retrieval_support import make_tiny_bert, minilm_path, tiny_bert_state

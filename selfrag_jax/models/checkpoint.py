@@ -125,7 +125,8 @@ def _load_tokenizer(folder: Path, step: bool):
 
 def load_model(path: str | os.PathLike, scan_layers: bool | None = None, shardings: Any = None,
                add_control_tokens: bool = True, dtype: str | None = None, **config_overrides):
-    """(config, params, tokenizer, hf_meta) from a checkpoint of ours or a HF Llama folder.
+    """(config, params, tokenizer, hf_meta) from a checkpoint of ours, a HF Llama folder or a
+    Llama-architecture GGUF file.
 
     With `add_control_tokens` the tokenizer gains the reflection tokens if it lacks them and
     the embedding grows to match (new rows at the mean of the old ones); conversion turns
@@ -134,7 +135,8 @@ def load_model(path: str | os.PathLike, scan_layers: bool | None = None, shardin
     returns one (`Placement.params`): parameters then load tensor by tensor into them, in
     their dtype, never whole on one device or on the host (except where the vocabulary grows,
     which needs the whole embedding)."""
-    from selfrag_jax.models.hf import is_hf_folder, load_hf, load_hf_placed
+    from selfrag_jax.models.gguf import GGUFModel, is_gguf
+    from selfrag_jax.models.hf import is_hf_folder, load_hf, load_hf_placed, open_source
     from selfrag_jax.models.params import resize_vocab
     from selfrag_jax.tokenizer import SelfRAGTokenizer
 
@@ -144,11 +146,15 @@ def load_model(path: str | os.PathLike, scan_layers: bool | None = None, shardin
         overrides["scan_layers"] = scan_layers
     if dtype is not None:
         overrides.update(dtype=dtype, param_dtype=dtype)
-    if is_hf_folder(path):
-        config = from_hf_dict(json.loads((path / "config.json").read_text()), where=str(path / "config.json"),
-                              **{"scan_layers": True, **overrides})
-        tokenizer = (SelfRAGTokenizer.from_pretrained(path)
-                     if add_control_tokens and _has_tokenizer(path) else None)
+    if is_hf_folder(path) or is_gguf(path):
+        hf_config, source, where = open_source(path)
+        config = from_hf_dict(hf_config, where=where, **{"scan_layers": True, **overrides})
+        if not add_control_tokens:
+            tokenizer = None
+        elif isinstance(source, GGUFModel):
+            tokenizer = SelfRAGTokenizer(source.tokenizer())
+        else:
+            tokenizer = SelfRAGTokenizer.from_pretrained(path) if _has_tokenizer(path) else None
         grow = tokenizer is not None and len(tokenizer) > config.vocab_size
         if shardings is not None and not grow:
             params, meta = load_hf_placed(path, config, _resolve(shardings, config))

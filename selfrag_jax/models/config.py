@@ -146,7 +146,7 @@ HF_MUST_BE = {
     "final_logit_softcapping": (None,), "partial_rotary_factor": (1.0, None), "qk_norm": (False,),
     "use_qk_norm": (False,), "logits_scaling": (1.0, None), "embedding_multiplier": (1.0, None),
     "residual_multiplier": (1.0, None), "attention_multiplier": (None,), "num_experts": (None, 0, 1),
-    "num_local_experts": (None, 0, 1),
+    "num_local_experts": (None, 0, 1), "quantization_config": (None,),
 }
 
 

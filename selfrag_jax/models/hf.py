@@ -1,4 +1,5 @@
-"""Hugging Face Llama folders <-> this project's parameters, through one name table.
+"""Hugging Face Llama folders (and GGUF files, read as one) <-> this project's parameters,
+through one name table.
 
 HF linear weights are `[out, in]`; ours are `[in..., out...]` (e.g. wq `[embed, heads,
 head_dim]`), so every matrix converts as `hf.T.reshape(ours)` and back as
@@ -118,20 +119,74 @@ class SafetensorsReader:
         return self._handle(name).get_slice(name)[index]
 
 
+class TorchBinReader:
+    """The same access to `pytorch_model.bin` (or its shards and index), read without torch
+    (`models.torch_zip`); one shard is held at a time."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        index = folder / "pytorch_model.bin.index.json"
+        if index.exists():
+            self.weight_map: dict[str, str] = json.loads(index.read_text())["weight_map"]
+        else:
+            self.weight_map = {name: "pytorch_model.bin" for name in self._load(folder / "pytorch_model.bin")}
+        self._cached: tuple[str, dict[str, np.ndarray]] | None = None
+
+    def _load(self, path: Path) -> dict[str, np.ndarray]:
+        from selfrag_jax.models.torch_zip import load_torch_zip
+
+        if not path.exists():
+            raise FileNotFoundError(f"{path}: listed in the checkpoint index but missing")
+        return load_torch_zip(path)
+
+    def names(self) -> list[str]:
+        return list(self.weight_map)
+
+    def get(self, name: str) -> np.ndarray:
+        file = self.weight_map[name]
+        if self._cached is None or self._cached[0] != file:
+            self._cached = (file, self._load(self.folder / file))
+        return self._cached[1][name]
+
+    def shape_dtype(self, name: str) -> tuple[tuple[int, ...], str]:
+        value = self.get(name)
+        return tuple(value.shape), str(value.dtype)
+
+    def read(self, name: str, index: tuple[slice, ...]) -> np.ndarray:
+        return self.get(name)[index]
+
+
 def is_hf_folder(path: str | os.PathLike) -> bool:
     p = Path(path)
-    return (p / "config.json").exists() and (any(p.glob("*.safetensors")) or (p / "model.safetensors.index.json").exists())
+    return (p / "config.json").exists() and (any(p.glob("*.safetensors")) or (p / "model.safetensors.index.json").exists()
+                                             or (p / "pytorch_model.bin").exists()
+                                             or (p / "pytorch_model.bin.index.json").exists())
+
+
+def open_source(source: str | os.PathLike) -> tuple[dict, Any, str]:
+    """(config.json dictionary, tensor reader, where to name in errors) of a HF Llama folder
+    (safetensors, or PyTorch `.bin` files read without torch) or a GGUF file (`models.gguf`,
+    read as the HF folder it would convert to)."""
+    from selfrag_jax.models.gguf import GGUFModel, is_gguf
+
+    source = Path(source)
+    if is_gguf(source):
+        model = GGUFModel(source)
+        return model.hf_config(), model, str(source)
+    config_path = source / "config.json"
+    if not config_path.exists():
+        raise FileNotFoundError(f"{config_path}: missing (not a Hugging Face model folder)")
+    safetensors = any(source.glob("*.safetensors")) or (source / "model.safetensors.index.json").exists()
+    reader = SafetensorsReader(source) if safetensors else TorchBinReader(source)
+    return json.loads(config_path.read_text()), reader, str(config_path)
 
 
 def load_hf(folder: str | os.PathLike, scan_layers: bool = True, **config_overrides):
-    """Read a HF Llama folder. Returns (config, params as numpy float32, metadata for export)."""
+    """Read a HF Llama folder (or a GGUF file). Returns (config, params as numpy float32,
+    metadata for export)."""
     folder = Path(folder)
-    config_path = folder / "config.json"
-    if not config_path.exists():
-        raise FileNotFoundError(f"{config_path}: missing (not a Hugging Face model folder)")
-    hf_config = json.loads(config_path.read_text())
-    config = from_hf_dict(hf_config, where=str(config_path), scan_layers=scan_layers, **config_overrides)
-    reader = SafetensorsReader(folder)
+    hf_config, reader, where = open_source(folder)
+    config = from_hf_dict(hf_config, where=where, scan_layers=scan_layers, **config_overrides)
     available = set(reader.names())
     params: dict[str, Any] = {}
     dtypes: dict[str, str] = {}
@@ -167,7 +222,7 @@ def load_hf_placed(folder: str | os.PathLike, config: LlamaConfig, shardings: An
     from selfrag_jax.models.llama import abstract_params
 
     folder = Path(folder)
-    reader = SafetensorsReader(folder)
+    hf_config, reader, _ = open_source(folder)
     available = set(reader.names())
     dtypes: dict[str, str] = {}
     for hf_name, path, kind, shape in name_table(config):
@@ -203,7 +258,7 @@ def load_hf_placed(folder: str | os.PathLike, config: LlamaConfig, shardings: An
         return jax.make_array_from_callback(value.shape, spec, shard)
 
     params = jax.tree_util.tree_map_with_path(leaf, abstract, shardings)
-    return params, _meta(folder, json.loads((folder / "config.json").read_text()), dtypes)
+    return params, _meta(folder, hf_config, dtypes)
 
 
 def _hf_name(path: tuple[str, ...]) -> str:
@@ -235,9 +290,11 @@ def _read_part(reader: SafetensorsReader, name: str, kind: str, path: tuple[str,
 
 
 def _meta(folder: Path, hf_config: dict, dtypes: dict[str, str]) -> dict:
-    """What an export needs to reproduce the folder: its config, tensor dtypes, extra files."""
-    return {"hf_config": hf_config, "dtypes": dtypes,
-            "extra": {name: json.loads((folder / name).read_text()) for name in EXTRA_FILES if (folder / name).exists()}}
+    """What an export needs to reproduce the folder: its config, tensor dtypes, extra files
+    (a GGUF file has none beside it: its dequantized tensors export as float32)."""
+    extra = {} if folder.is_file() else {name: json.loads((folder / name).read_text())
+                                         for name in EXTRA_FILES if (folder / name).exists()}
+    return {"hf_config": hf_config, "dtypes": dtypes, "extra": extra}
 
 
 def _check_leftover(folder: Path, available: set[str], config: LlamaConfig) -> None:
