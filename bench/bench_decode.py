@@ -3,7 +3,8 @@
 `python -m bench.bench_decode [--small]` -> bench/results/decode[_small].json
 `python -m bench.bench_decode --accelerator` -> decode_gpu.json: JAX's default device and
 PyTorch on CUDA, both with bfloat16 weights (the float32 CPU run is the default);
-`--preset selfrag-7b` runs the released size (random weights) instead of the 125M shape.
+`--preset selfrag-7b` runs the released size (random weights) instead of the 125M shape;
+`--model PATH` a real model (e.g. SmolLM2-135M-Instruct's GGUF: decode_smollm2-135m-instruct.json).
 The results file is rewritten after each part, so a run cut short keeps what it measured.
 
 Workload (default): 32 questions x 5 passages of ~150 tokens, up to 64 new tokens, the
@@ -163,12 +164,14 @@ def main(argv=None) -> int:
                         help="JAX's default device and PyTorch on CUDA, bfloat16 weights on both")
     parser.add_argument("--out", type=Path, help="results file [bench/results/decode{,_small,_gpu}.json]")
     parser.add_argument("--preset", help="another model shape, e.g. selfrag-7b (the released size) on a GPU")
+    parser.add_argument("--model", help="a real model instead of random weights (a checkpoint, HF folder or GGUF "
+                                        "file), its reflection tokens appended as `generate` appends them")
     args = parser.parse_args(argv)
     w = SMALL if args.small else FULL
-    if args.preset:
+    if args.preset or args.model:
         from dataclasses import replace
 
-        w = replace(w, preset=args.preset)
+        w = replace(w, preset=args.preset or Path(args.model).name)
     if not args.accelerator:
         os.environ.setdefault("JAX_PLATFORMS", "cpu")  # a CPU benchmark against PyTorch on CPU
     os.environ.setdefault("SELFRAG_NO_PROGRESS", "1")
@@ -182,8 +185,13 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(os.cpu_count() or 1)
     dtypes = {"dtype": "bfloat16", "param_dtype": "bfloat16"} if args.accelerator else {}
-    config = preset(w.preset, **dtypes)
-    params = init_params(config, 0)
+    if args.model:  # the reflection tokens sit at the end of its vocabulary, as control_ids expects
+        from selfrag_jax.models.checkpoint import load_model
+
+        config, params, _, _ = load_model(args.model, dtype=dtypes.get("dtype"))
+    else:
+        config = preset(w.preset, **dtypes)
+        params = init_params(config, 0)
     ids = control_ids(config.vocab_size)
     prompts, passages = make_inputs(w, config.vocab_size, w.k)
     result = {"workload": w.__dict__, "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
@@ -192,6 +200,7 @@ def main(argv=None) -> int:
               "weights": "bfloat16" if args.accelerator else "float32",
               "versions": {"jax": jax.__version__, "torch": torch.__version__}}
     name = "decode_small" if args.small else "decode_gpu" if args.accelerator else "decode"
+    name += f"_{Path(args.model).stem.split('.')[0].lower()}" if args.model else ""
 
     def save() -> Path:
         """Rewrite the results file with what is measured so far."""

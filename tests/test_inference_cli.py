@@ -87,3 +87,19 @@ def test_missing_passages_without_a_retriever_fail_naming_the_record(model_dir, 
                "--output", str(tmp_path / "o.jsonl"), "--mode", "always", "--max-new-tokens", "2"])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and "in.jsonl:1: no 'ctxs' and no retriever" in err
+
+
+@pytest.mark.parametrize("task, refuse", [("open", True), ("popqa", False), ("triviaqa", False), ("fever", False)])
+def test_paper_tasks_keep_the_papers_defaults(task, refuse):
+    """Refusal (this project's addition) is on by default only for `open`; --refuse turns it on anywhere."""
+    import argparse
+
+    from selfrag_jax.inference.cli import add_arguments, options_from_args
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    base = ["--model", "m", "--input", "i", "--output", "o", "--task", task]
+    opts = options_from_args(parser.parse_args(base))
+    assert opts.refuse.enabled == refuse
+    assert opts.score.w_ret == 0.0 and opts.corrective.max_rounds == 1
+    assert options_from_args(parser.parse_args(base + ["--refuse"])).refuse.enabled

@@ -21,8 +21,9 @@ from selfrag_jax.inference.scoring import (MODES, PIPELINES, THRESHOLD_RULES, Re
 from selfrag_jax.models.config import INFERENCE_DTYPES
 from selfrag_jax.world.tasks import REFUSAL
 
-# Tasks where a closed-book answer is unsafe: honest refusal is on unless --no-refuse.
-REFUSE_TASKS = ("open", "popqa", "triviaqa")
+# Honest refusal (not in the paper) is on by default only for `open`; the paper's tasks keep
+# the paper's behaviour unless --refuse is given.
+REFUSE_TASKS = ("open",)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -35,7 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "top1 (standard RAG), none (no retrieval)")
     p.add_argument("--refuse", dest="refuse", action="store_true", default=None,
                    help=f"answer the refusal message when no candidate passes the support bar "
-                        f"(default: on for --task {'/'.join(REFUSE_TASKS)} with selfrag short form)")
+                        f"(not in the paper; default: on for --task {'/'.join(REFUSE_TASKS)} with selfrag short "
+                        "form, off for the paper's tasks)")
     p.add_argument("--no-refuse", dest="refuse", action="store_false")
     p.add_argument("--max-rounds", type=int, default=1,
                    help="corrective re-retrieval: up to this many retrieval rounds when every passage is irrelevant")
@@ -142,7 +144,7 @@ def options_from_args(args: argparse.Namespace, pipeline: str | None = None, ref
 
     pipeline = pipeline or args.pipeline
     refuse = args.refuse if refuse is None else refuse
-    if refuse is None:  # closed-book-unsafe tasks refuse by default
+    if refuse is None:
         refuse = pipeline == "selfrag" and not args.long_form and args.task in REFUSE_TASKS
     return GenerateOptions(
         task=args.task, ndocs=args.ndocs, pipeline=pipeline, trace=args.trace,
