@@ -194,3 +194,46 @@ def test_gguf_files_that_are_not_llamas_fail_naming_why(tmp_path, arch, tensor, 
     writer.close()
     with pytest.raises(ValueError, match=message):
         GGUFModel(path)
+
+
+def test_sentencepiece_gguf_tokenizer_encodes_as_sentencepiece(tmp_path):
+    """A Llama-2-style GGUF tokenizer (SentencePiece BPE pieces and scores, byte fallback),
+    rebuilt from the file's metadata, encodes and decodes as sentencepiece itself does with
+    the model it came from."""
+    import gguf
+    import sentencepiece as spm
+
+    from selfrag_jax.models.gguf import GGUFModel
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(TEXTS * 3 + ["Where was Alice Mbeki born? She was born in Lurvik, in 1931.",
+                                             "The quick brown fox jumps over the lazy dog."] * 20))
+    spm.SentencePieceTrainer.train(input=str(corpus), model_prefix=str(tmp_path / "sp"), vocab_size=400,
+                                   model_type="bpe", byte_fallback=True, character_coverage=1.0,
+                                   bos_id=1, eos_id=2, unk_id=0, minloglevel=2,
+                                   # Llama 2's normaliser: text as is, spaces kept
+                                   normalization_rule_name="identity", remove_extra_whitespaces=False)
+    sp = spm.SentencePieceProcessor(model_file=str(tmp_path / "sp.model"))
+    n = sp.get_piece_size()
+    types = [2 if sp.is_unknown(i) else 3 if sp.is_control(i) else 6 if sp.is_byte(i) else 1 for i in range(n)]
+    path = tmp_path / "sp.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list([sp.id_to_piece(i) for i in range(n)])
+    writer.add_token_scores([sp.get_score(i) for i in range(n)])
+    writer.add_token_types(types)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_unk_token_id(0)
+    writer.add_tensor("token_embd.weight", np.zeros((n, 8), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+    tok = GGUFModel(path).tokenizer()
+    assert (tok.bos_token, tok.eos_token, tok.unk_token) == ("<s>", "</s>", "<unk>")
+    for text in ["Where was Alice Mbeki born?", "the lazy fox, 1931", "Zürich ☃ naïve", "  two  spaces", "x\ny"]:
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        assert ids == sp.encode(text), text
+        assert tok.decode(ids) == sp.decode(ids), text

@@ -123,28 +123,19 @@ class GGUFModel:
 
     # --- tokenizer --------------------------------------------------------------------------
     def tokenizer(self):
-        """A transformers fast tokenizer rebuilt from the file's byte-level BPE vocabulary."""
-        from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+        """A transformers fast tokenizer rebuilt from the file's vocabulary: byte-level BPE
+        (`gpt2`: Llama 3, SmolLM2) or SentencePiece BPE (`llama`: Llama 2, the released Self-RAG)."""
+        from tokenizers import AddedToken
         from transformers import PreTrainedTokenizerFast
 
         kind = self.field("tokenizer.ggml.model")
-        if kind != "gpt2":
-            raise ValueError(f"{self.path}: tokenizer.ggml.model={kind!r} is not supported (gpt2: byte-level BPE)")
-        pre = self.field("tokenizer.ggml.pre", "default")
-        byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=pre in ("default", "gpt2", "smollm"))
-        if pre in ("default", "gpt2"):
-            splitter = byte_level
-        elif pre == "smollm":  # digits one by one, then GPT-2's split
-            splitter = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
-        elif pre in ("llama-bpe", "llama3"):
-            splitter = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(LLAMA3_SPLIT), "isolated"), byte_level])
-        else:
-            raise ValueError(f"{self.path}: tokenizer.ggml.pre={pre!r} is not supported (one of {PRE_TOKENIZERS})")
         tokens = list(self.field("tokenizer.ggml.tokens"))
-        merges = [tuple(m.split(" ", 1)) for m in self.field("tokenizer.ggml.merges")]
-        tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges))
-        tok.pre_tokenizer = splitter
-        tok.decoder = decoders.ByteLevel()
+        if kind == "gpt2":
+            tok = self._byte_level_bpe(tokens)
+        elif kind == "llama":
+            tok = self._sentencepiece_bpe(tokens)
+        else:
+            raise ValueError(f"{self.path}: tokenizer.ggml.model={kind!r} is not supported (gpt2 or llama)")
         types = self.field("tokenizer.ggml.token_type") or []
         tok.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False)
                                 for i, kind in enumerate(types) if kind in SPECIAL_TOKEN_TYPES])
@@ -156,6 +147,47 @@ class GGUFModel:
         if template:  # kept, never applied unless asked
             hf.chat_template = template
         return hf
+
+    def _byte_level_bpe(self, tokens: list[str]):
+        from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
+        pre = self.field("tokenizer.ggml.pre", "default")
+        byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=pre in ("default", "gpt2", "smollm"))
+        if pre in ("default", "gpt2"):
+            splitter = byte_level
+        elif pre == "smollm":  # digits one by one, then GPT-2's split
+            splitter = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+        elif pre in ("llama-bpe", "llama3"):
+            splitter = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(LLAMA3_SPLIT), "isolated"), byte_level])
+        else:
+            raise ValueError(f"{self.path}: tokenizer.ggml.pre={pre!r} is not supported (one of {PRE_TOKENIZERS})")
+        merges = [tuple(m.split(" ", 1)) for m in self.field("tokenizer.ggml.merges")]
+        tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges))
+        tok.pre_tokenizer = splitter
+        tok.decoder = decoders.ByteLevel()
+        return tok
+
+    def _sentencepiece_bpe(self, tokens: list[str]):
+        """SentencePiece's BPE as Hugging Face's Llama-2 fast tokenizer runs it: a piece merges
+        from its two halves, the higher-scoring piece first; spaces become "▁" with one
+        prepended; characters outside the vocabulary fall back to their UTF-8 bytes."""
+        from tokenizers import Tokenizer, decoders, models, normalizers
+
+        scores = self.field("tokenizer.ggml.scores")
+        vocab = {t: i for i, t in enumerate(tokens)}
+        merges = []
+        for piece, score in zip(tokens, scores):
+            merges += [(piece[:k], piece[k:], score, vocab[piece[:k]], vocab[piece[k:]]) for k in range(1, len(piece))
+                       if piece[:k] in vocab and piece[k:] in vocab]
+        merges.sort(key=lambda m: (-m[2], m[3], m[4]))
+        unk = self.field("tokenizer.ggml.unknown_token_id")
+        tok = Tokenizer(models.BPE(vocab=vocab, merges=[(a, b) for a, b, *_ in merges], fuse_unk=True,
+                                   byte_fallback=True, unk_token=tokens[unk] if unk is not None else None))
+        prefix = [normalizers.Prepend("▁")] if self.field("tokenizer.ggml.add_space_prefix", True) else []
+        tok.normalizer = normalizers.Sequence([*prefix, normalizers.Replace(" ", "▁")])
+        strip = [decoders.Strip(" ", 1, 0)] if prefix else []
+        tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), *strip])
+        return tok
 
 
 def unpermute(w: np.ndarray, heads: int) -> np.ndarray:
