@@ -1,6 +1,6 @@
 """The Self-RAG vocabulary of control tokens and the text formats around them.
 
-Strings, order and groups are those of the released checkpoints (shared/reference/self-rag.md
+Strings, order and groups are those of the released checkpoints (docs/method.md
 section 1): added after the base vocabulary in this order, then `<pad>`. Everything that
 needs a reflection token asks the tokenizer for its id; nothing searches decoded text.
 """
@@ -29,12 +29,12 @@ NO_RETRIEVAL, RETRIEVAL, CONTINUE_EVIDENCE = RETRIEVE_GROUP
 IRRELEVANT, RELEVANT = ISREL_GROUP
 FULLY_SUPPORTED, PARTIALLY_SUPPORTED, NO_SUPPORT = ISSUP_GROUP
 
-# Weights of the five utility tokens in the IsUse score (self-rag.md section 5).
+# Weights of the five utility tokens in the IsUse score (docs/method.md section 5).
 UTILITY_WEIGHTS = (-1.0, -0.5, 0.0, 0.5, 1.0)
 
 PROMPT_NO_INPUT = "### Instruction:\n{instruction}\n\n### Response:\n"
 PROMPT_WITH_INPUT = "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n"
-# The critic's prompt has no trailing newline (self-rag.md section 4).
+# The critic's prompt has no trailing newline (docs/method.md section 4).
 CRITIC_PROMPT = "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:"
 
 

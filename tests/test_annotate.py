@@ -1,4 +1,4 @@
-"""The annotation pipeline (self-rag.md section 4) with a scripted critic and retriever."""
+"""The annotation pipeline (docs/method.md section 4) with a scripted critic and retriever."""
 
 from __future__ import annotations
 

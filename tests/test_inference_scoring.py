@@ -1,4 +1,4 @@
-"""Self-RAG decisions and scores on hand-made arrays, against self-rag.md section 5."""
+"""Self-RAG decisions and scores on hand-made arrays, against docs/method.md section 5."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """`selfrag-jax annotate`: the critic turns instruction-output pairs into generator data.
 
-The paper's offline pipeline (self-rag.md section 4), batched stage by stage so every
+The paper's offline pipeline (docs/method.md section 4), batched stage by stage so every
 critic call of a stage shares compiled programs:
 1. Retrieve (input only): does the instruction need evidence?
 2. For those that do, split the output into sentences and retrieve the top passages for

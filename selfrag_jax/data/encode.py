@@ -1,4 +1,4 @@
-"""Tokenization and loss weights of one example, on token ids (self-rag.md sections 3-4).
+"""Tokenization and loss weights of one example, on token ids (docs/method.md sections 3-4).
 
 An example is `[BOS] prompt target [EOS]` with one weight per token: the weight of
 *predicting* that token. The prompt is untrusted text (`encode_text`); a generator target

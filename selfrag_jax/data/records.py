@@ -1,6 +1,6 @@
 """Reading the released Self-RAG JSON-lines layouts, with errors that name file and line.
 
-Generator records: `{"instruction", "input", "output", "id", "dataset_name"}` (self-rag.md
+Generator records: `{"instruction", "input", "output", "id", "dataset_name"}` (docs/method.md
 section 2). Critic records: `{"instruction", "input", "output", "task"}`. Text records (base-model
 pretraining): `{"text"}`, trained on every token; the bundled world
 writes the type in `dataset_name` (`critic_isrel`, ...), both are accepted. Every reader in

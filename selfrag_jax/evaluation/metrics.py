@@ -1,6 +1,6 @@
 """Answer metrics: the released `match`, SQuAD-style exact match and token F1, ALCE str_em.
 
-`match` is what the paper reports as "accuracy" (self-rag.md section 6), reproduced with the
+`match` is what the paper reports as "accuracy" (docs/method.md section 6), reproduced with the
 released script's quirks (AkariAsai/self-rag retrieval_lm/run_short_form.py + metrics.py),
 because published numbers are only comparable under the same rules:
 

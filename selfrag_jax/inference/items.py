@@ -2,7 +2,7 @@
 
 Eval files are JSON lines `{"id"?, "question" | "instruction", "input"?, "answers"?,
 "ctxs"?: [{"id"?, "title", "text"}], "choices"?, "answerKey"?}`. The task decides how the
-question is folded into the instruction (self-rag.md section 2).
+question is folded into the instruction (docs/method.md section 2).
 """
 
 from __future__ import annotations

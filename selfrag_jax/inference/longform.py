@@ -1,4 +1,4 @@
-"""Long-form Self-RAG: segment-level beam search (paper Algorithm 1, self-rag.md section 5).
+"""Long-form Self-RAG: segment-level beam search (paper Algorithm 1, docs/method.md section 5).
 
 Each level prefills every live beam's context once (that gives the retrieve decision at
 the boundary), then one segment step decodes all children of all beams of all questions:

@@ -1,4 +1,4 @@
-"""Self-RAG's decisions and scores as plain numpy (shared/reference/self-rag.md section 5).
+"""Self-RAG's decisions and scores as plain numpy (docs/method.md section 5).
 
 Everything here works on the small arrays the engine returns (or a `--cache` folder holds),
 so `sweep` can re-rank without decoding. Group orders follow `selfrag_jax.tokens`:

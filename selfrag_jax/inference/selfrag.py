@@ -1,4 +1,4 @@
-"""Short-form Self-RAG and the baselines, over batches of questions (self-rag.md section 5).
+"""Short-form Self-RAG and the baselines, over batches of questions (docs/method.md section 5).
 
 Per batch: one prefill of all prompts gives each question's retrieve decision; then one
 segment step decodes every candidate row together. Pipelines differ only in the rows:
@@ -363,7 +363,7 @@ def rel_scores(rows: Sequence[Row]) -> np.ndarray:
 
 
 def candidate_scores(rows: Sequence[Row], opts: ScoreOptions, groups: Sequence | None = None) -> dict[str, np.ndarray]:
-    """seq, rel, sup, use and final per row, as self-rag.md section 5 defines them, and ret,
+    """seq, rel, sup, use and final per row, as docs/method.md section 5 defines them, and ret,
     the retriever's probability of the row's passage among the rows of its group (`groups`:
     a key per row, e.g. the beam it extends; default: all rows are one question's)."""
     seq = np.array([r.seq for r in rows])

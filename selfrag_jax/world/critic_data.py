@@ -1,6 +1,7 @@
 """Critic training data for the four reflection-token types, labelled from ground truth.
 
-Inputs follow self-rag.md section 4 word for word; the target is the label string (the
+Inputs use the released critic's field layouts (docs/method.md section 4, written out in the
+functions below); the target is the label string (the
 critic writes it as plain text). Each type is balanced: the label is drawn first, in turn,
 then an example with that label is built, so every class has the same count.
 

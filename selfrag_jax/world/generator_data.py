@@ -27,7 +27,7 @@ from .tasks import REFUSAL, Task
 class GeneratorConfig:
     """Mix of evidence cases for retrieval tasks (the rest use the gold passage)."""
 
-    p_irrelevant: float = 0.35  # small-models.md: balance relevant and look-alike passages
+    p_irrelevant: float = 0.35  # docs/small-models.md: balance relevant and look-alike passages
     p_no_support: float = 0.12  # only where the person has a second passage
     p_longform_distractor: float = 0.25  # one long-form segment shown a look-alike instead
     irrelevant_answer: str = "gold"  # "gold" (paper: the output text is fixed) or "refuse"
@@ -151,7 +151,7 @@ _SPLIT = re.compile("(" + "|".join(re.escape(t) for t in REFLECTION_TOKENS) + ")
 
 def parse_output(output: str) -> ParsedOutput:
     """Splits a Self-RAG output into segments, raising ValueError if it breaks the grammar of
-    self-rag.md section 2 (every segment opens with a Retrieve token; `[Retrieval]` carries
+    docs/method.md section 2 (every segment opens with a Retrieve token; `[Retrieval]` carries
     a paragraph and an IsRel token; IsSup only after `[Relevant]`; one utility at the end)."""
     parts = [p for p in _SPLIT.split(output) if p != ""]
     if not parts or parts[-1] not in ISUSE_GROUP:

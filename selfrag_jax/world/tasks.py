@@ -16,7 +16,7 @@ from .kb import Ghost, Person, article
 
 REFUSAL = "I don't know."
 
-# Released evaluation instructions (self-rag.md section 2), folded into `instruction`.
+# Released evaluation instructions (docs/method.md section 2), folded into `instruction`.
 FACTCHECK_INSTRUCTION = "Is the following statement correct or not? Say true if it's correct; otherwise say false."
 MC_INSTRUCTION = "Given four answer candidates, A, B, C and D, choose the best answer choice."
 MC_LABELS = ("A", "B", "C", "D")
