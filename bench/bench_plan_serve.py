@@ -32,6 +32,7 @@ def main(argv=None) -> int:
     for name, overrides in cases:
         target = name.rsplit("_", 1)[1]
         p = plan_serve(str(ROOT / "configs" / "serve" / f"{name}.yaml"), target, overrides)
+        p.config = f"configs/serve/{name}.yaml"  # the repository's path, not this machine's
         key = name + ("_oversized" if overrides else "")
         reports[key] = {**dataclasses.asdict(p), "fits": p.fits, "overrides": overrides}
         decode = p.programs["decode"]

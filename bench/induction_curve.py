@@ -1,6 +1,6 @@
 """Induction heads over training: `demo.probe.induction_accuracy` at every checkpoint of a run.
 
-Why: the IsSup account in `selfrag_jax/assets/default/README.md` turns on whether a base
+Why: the IsSup account in `docs/experiments/default-models.md` turns on whether a base
 model copies by content, and that skill arrives as a phase change (Olsson et al., 2022): the
 second copy of a random sequence goes from unpredicted to predicted in a short window of
 training. This walks a run's kept checkpoints (train with `checkpoint.keep` large enough) and

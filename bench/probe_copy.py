@@ -1,7 +1,7 @@
 """Copying by content, from nothing: the project's Llama beside an independent minimal GPT.
 
 Why: the bundled critic cannot tell "the passage states this value" from "it states another"
-(IsSup, selfrag_jax/assets/default/README.md). The barest form of that skill is finding a
+(IsSup, docs/experiments/default-models.md). The barest form of that skill is finding a
 token in the context by its identity and copying what follows it (an induction head). This
 probe trains the default base's shape (width 128, 4 layers, 4 heads of 32, tied embeddings,
 RoPE; the base's optimizer) on it, and beside it a GPT written here from nothing (learned

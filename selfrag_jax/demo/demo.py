@@ -40,7 +40,7 @@ SETTINGS = ("selfrag", "selfrag_ret", "always_top1", "no_retrieval", "selfrag_no
 # names), the choice falls back to the retriever's order instead of chance. Chosen on the dev
 # split (eval/world_qa_dev.jsonl: the held-out people's other questions) with `generate --cache`
 # and `sweep` at the models' depth (2), as the best mean of the shipped and the reduced models
-# (0.967 and 0.757 there, from 0.947 and 0.667 at 0; at depth 5 it was 0.4; assets/default/README.md).
+# (0.967 and 0.757 there, from 0.947 and 0.667 at 0; at depth 5 it was 0.4; docs/experiments/default-models.md).
 DEMO_W_RET = 0.1
 # Self-RAG's retrieval depth K (the paper: 5 or 10) is chosen per set of models on the dev
 # split and kept beside them (`decoding.json`, `choose_depth`): the paper's score chooses

@@ -33,18 +33,18 @@ ASSETS = Path(__file__).resolve().parents[1] / "assets" / "default"
 # steps of the full base's schedule (optim.schedule_steps), so its rate has not decayed when
 # reading arrives as a phase change, with Adam's b2 at 0.95 (as Llama and MaxText pretrain),
 # which brought that change ~800 steps sooner than 0.999. The numbers behind each choice and
-# the measured runs: assets/default/README.md. A stage given None is skipped: the reduced
+# the measured runs: docs/experiments/default-models.md. A stage given None is skipped: the reduced
 # budget's critic (IsRel near chance after 150 steps) annotates as it is, and its 40-minute
 # runs were measured without the reading stage.
 BUDGETS = {
     "full": {},
     # The reduced base also reads the world's repeat documents (a fifth of its documents): with
     # them it read 0.565 at step 1,800 (one draw; 0.455 at 1,200 without). The copying by
-    # content they start (0.12 at step 1,200) is gone after the anneals (assets README,
+    # content they start (0.12 at step 1,200) is gone after the anneals (docs/experiments/default-models.md,
     # "The reduced base").
     # Its heads are 32 wide (128 / 4, as base.yaml's shape intends; the full budget keeps the
     # shipped models' 16): after the same anneals the base read 0.73 where 16 read 0.645, at the
-    # same 0.64 s/step (one draw each, assets README "Heads of 32 in the reduced base").
+    # same 0.64 s/step (one draw each, docs/experiments/default-models.md "Heads of 32 in the reduced base").
     "reduced": {"base": ["num_steps=1800", "optim.schedule_steps={config_steps}", "optim.b2=0.95", "model.overrides.head_dim=32",
                          "data.train_files=[WORLD/pretrain.jsonl,WORLD/repeat.jsonl]", "data.mixture_rates={repeat: 0.25}"],
                 "anneal": ["num_steps=200"], "anneal2": ["num_steps=100"], "critic": ["num_steps=150"],
@@ -53,7 +53,7 @@ BUDGETS = {
 
 # The base's pretraining is a draw: one recipe read held-out questions with their gold passage
 # 0.26 to 0.825 after its stage in five runs, and a base that reads 0.60 after the anneals gave
-# world_qa 0.227 where the shipped models' (1.00) gave 0.873 (assets README, "The v8 run").
+# world_qa 0.227 where the shipped models' (1.00) gave 0.873 (docs/experiments/default-models.md, "The v8 run").
 # Below this a full run's models are not exported into the package over the shipped ones.
 MIN_BASE_READING = 0.9
 

@@ -49,7 +49,7 @@ class WorldConfig:
     # 2,500 (was 1,000): on the shipped base the critic's isrel rose from 0.92 to 1.00 and the
     # demo's world_qa from 0.807 to 0.873 (issup 0.73 -> 0.74, on 100 held-out per type); on a
     # base that had also learned to refuse passages lacking the asked fact, issup rose from
-    # 0.70 to 0.89 on 100 (0.83 on 300, assets/default/README.md).
+    # 0.70 to 0.89 on 100 (0.83 on 300, docs/experiments/default-models.md).
     n_critic_practice_per_type: int = 2500
     vocab_size: int = 3000
     generator: GeneratorConfig = field(default_factory=GeneratorConfig)

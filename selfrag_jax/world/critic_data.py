@@ -10,7 +10,7 @@ gets a line before its label, `Answer: <what the evidence answers to the instruc
 the values the passage states about the person asked after, or "I don't know." The critic
 then decides support by comparing that reading with the output (`data.annotate.read_support`)
 instead of by its label: the bundled 1.2M-parameter critic reads a passage's value well but
-cannot compare two values (assets/default/README.md), the way QA-based consistency checks
+cannot compare two values (docs/experiments/default-models.md), the way QA-based consistency checks
 (QAGS, QuestEval) split reading from matching. Choice letters and fact-check verdicts are
 short too but state no value, so with the flag a share of IsSup examples are those, without a
 line: a critic that wrote one for "B" or "true" would rate every passage unsupported.

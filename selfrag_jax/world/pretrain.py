@@ -42,7 +42,7 @@ class PretrainConfig:
     # that states the asked attribute. This is the order the critic and the generator see
     # (instruction, then evidence, then [IsRel]); the look-alike pairs of the reading
     # documents come question-last, and a base that matched names there did not carry it to
-    # the instruction-first order (assets/default/README.md).
+    # the instruction-first order (docs/experiments/default-models.md).
     n_relevance: int = 30000
     relevance_lookalike_share: float = 0.5
     # The second anneal's relevance documents (`relevance_forms.jsonl`, four surface forms)
@@ -58,14 +58,14 @@ class PretrainConfig:
     # one instrument for every held-out question (0.05); with 78 instruments one draw read them
     # 1.00 at the same step and another not yet (its phase change came later), and the retrain's
     # base 1.00 after its anneals; birth years stayed at 0.00 with either range
-    # (assets/default/README.md, "The reduced base").
+    # (docs/experiments/default-models.md, "The reduced base").
     fresh_instruments: tuple[str, ...] = INSTRUMENTS + MORE_INSTRUMENTS
     fresh_birth_years: tuple[int, int] = (1000, 1999)
     # The repeat set (`repeat.jsonl`): 10-40 of the world's name words in random order, a
     # newline, the same words again. Only copying by content predicts the second half, the
     # skill a critic needs to tell a passage that states the answer's value from one that
     # states another (IsSup), and one the world's text alone never formed in the base
-    # (assets/default/README.md, "Induction heads").
+    # (docs/experiments/default-models.md, "Induction heads").
     n_repeat: int = 20000
     repeat_words: tuple[int, int] = (10, 40)
 
