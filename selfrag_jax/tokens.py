@@ -36,6 +36,9 @@ PROMPT_NO_INPUT = "### Instruction:\n{instruction}\n\n### Response:\n"
 PROMPT_WITH_INPUT = "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n"
 # The critic's prompt has no trailing newline (docs/method.md section 4).
 CRITIC_PROMPT = "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:"
+# What an honest refusal answers (beyond the paper: `--refuse`), and what a reading critic
+# writes when the evidence states no value.
+REFUSAL = "I don't know."
 
 
 def format_prompt(instruction: str, input: str = "") -> str:

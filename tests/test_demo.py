@@ -300,7 +300,8 @@ def test_critic_agreement_scores_a_reading_critic_by_its_line(monkeypatch):
     from selfrag_jax.demo.demo import critic_agreement
     from selfrag_jax.world import WorldConfig
     from selfrag_jax.world.build import world_of
-    from selfrag_jax.world.critic_data import issup_output, make_critic_records
+    from selfrag_jax.data.critic_prompts import issup_output
+    from selfrag_jax.world.critic_data import make_critic_records
 
     def generate(self, prompts, desc="critic"):
         out = []

@@ -204,7 +204,7 @@ def test_config_errors_name_the_key(tmp_path):
 
 def test_mixture_rates_per_critic_type_and_unknown_keys(tmp_path):
     from selfrag_jax.training.main import make_data
-    from selfrag_jax.world.critic_data import LABELS
+    from selfrag_jax.data.critic_prompts import LABELS
 
     from tests.helpers import make_tokenizer
 

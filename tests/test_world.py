@@ -15,7 +15,7 @@ from selfrag_jax.tokens import (
     PARTIALLY_SUPPORTED, RELEVANT, RETRIEVAL, passage_text,
 )
 from selfrag_jax.world import REFUSAL, WorldConfig, build_world, critic_prompt, make_world, parse_output, read_jsonl
-from selfrag_jax.world.critic_data import LABELS
+from selfrag_jax.data.critic_prompts import LABELS
 from selfrag_jax.world.pretrain import PretrainConfig
 
 SMALL = WorldConfig(seed=3, n_people=400, n_ghosts=80, n_generator=1500, n_raw=400, n_critic_per_type=120,
@@ -305,7 +305,8 @@ def test_issup_reading_lines_decide_every_short_answer_label():
     annotation's rule, gives back the example's own label; choice letters and verdicts, which
     no passage states, and sentences keep the bare label. Without the flag: no lines."""
     from selfrag_jax.data.annotate import read_support
-    from selfrag_jax.world.critic_data import issup_output, make_critic_records
+    from selfrag_jax.data.critic_prompts import issup_output
+    from selfrag_jax.world.critic_data import make_critic_records
 
     world = make_world(seed=3, n_people=400, n_ghosts=80)
     assert not any("Answer:" in r["output"] for r in make_critic_records(world, 300, seed=2))

@@ -32,24 +32,26 @@ from typing import Any, Sequence
 import numpy as np
 
 from selfrag_jax import tokens as T
+from selfrag_jax.data.critic_prompts import (
+    INSTRUCTIONS, LABELS, isrel_input, issup_input, isuse_input, retrieve_input, retrieve_sentence_input,
+)
 
 SAFE_DEFAULT = {"retrieve_input": T.RETRIEVAL, "retrieve_sentence": T.RETRIEVAL, "isrel": T.IRRELEVANT,
                 "issup": T.NO_SUPPORT, "isuse": "[Utility:3]"}
 
 
 def read_support(text: str, output: str) -> str | None:
-    """IsSup decided from the critic's reading (beyond the paper; world.critic_data's
-    docstring): each comma-separated value of the output is supported when the critic's
+    """IsSup decided from the critic's reading (beyond the paper; the world's
+    critic data): each comma-separated value of the output is supported when the critic's
     `Answer:` line states it (SQuAD-normalised); all -> Fully, some -> Partially, none -> No
     support. None when the critic wrote no `Answer:` line (sentences, or a critic trained
     without them)."""
     from selfrag_jax.evaluation.metrics import normalize_answer
-    from selfrag_jax.world.tasks import REFUSAL
 
     found = re.search(r"Answer:([^\n]*)", text)
     if found is None:
         return None
-    read = {normalize_answer(v) for v in found.group(1).split(",")} - {normalize_answer(REFUSAL), ""}
+    read = {normalize_answer(v) for v in found.group(1).split(",")} - {normalize_answer(T.REFUSAL), ""}
     values = [normalize_answer(v) for v in output.split(",")]
     hits = sum(v in read for v in values)
     return T.FULLY_SUPPORTED if hits == len(values) else T.PARTIALLY_SUPPORTED if hits else T.NO_SUPPORT
@@ -58,8 +60,6 @@ def read_support(text: str, output: str) -> str | None:
 def parse_label(kind: str, text: str, output: str | None = None) -> str | None:
     """The critic's free text -> one of the type's label strings, or None if unreadable.
     For IsSup with the output given, a reading line decides (`read_support`)."""
-    from selfrag_jax.world.critic_data import LABELS
-
     if kind == "issup" and output is not None and (read := read_support(text, output)) is not None:
         return read
 
@@ -131,8 +131,6 @@ class Critic:
               outputs: Sequence[str] | None = None) -> list[str]:
         """One label per input; for IsSup, `outputs` (the sentences judged) let a critic
         trained with reading lines decide by `read_support`."""
-        from selfrag_jax.world.critic_data import INSTRUCTIONS
-
         if not inputs:
             return []
         prompts = [T.CRITIC_PROMPT.format(instruction=INSTRUCTIONS[kind], input=x) for x in inputs]
@@ -153,7 +151,6 @@ def annotate(records: list[dict], critic: Critic, retriever, ndocs: int = 3, irr
     """Annotated generator records (same ids) and a report of the critic's decisions."""
     if not 0.0 <= irrelevant_share <= 1.0:
         raise ValueError(f"irrelevant_share must be in [0, 1], got {irrelevant_share}")
-    from selfrag_jax.world.critic_data import isrel_input, issup_input, isuse_input, retrieve_input, retrieve_sentence_input
 
     report: dict[str, Any] = {"records": len(records), "labels": {}, "defaults": {}}
     task = [r["instruction"] + (("\n\n" + r["input"]) if r.get("input") else "") for r in records]

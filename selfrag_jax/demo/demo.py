@@ -244,7 +244,8 @@ def critic_agreement(critic_dir: Path, per_type: int = 300) -> tuple[dict[str, f
     from selfrag_jax.models.checkpoint import load_model
     from selfrag_jax.world import WorldConfig
     from selfrag_jax.world.build import world_of
-    from selfrag_jax.world.critic_data import issup_output, make_critic_records
+    from selfrag_jax.data.critic_prompts import issup_output
+    from selfrag_jax.world.critic_data import make_critic_records
 
     config, params, tok, _ = load_model(critic_dir)
     critic = Critic(params, config, tok)

@@ -143,16 +143,15 @@ def relevance_accuracy(model_dir: str | Path | tuple, world_dir: str | Path, n: 
     with its gold passage, once with a look-alike's and once with another passage of the
     person's that lacks the asked fact (where they have one), in each of `forms`: {form:
     {"answered_own": match rate with the gold passage, "refused_own", "refused_lookalike",
-    "refused_lacking": rates of REFUSAL, "refusal_auc": P(p(REFUSAL) is higher after a
+    "refused_lacking": rates of T.REFUSAL, "refusal_auc": P(p(T.REFUSAL) is higher after a
     look-alike's passage than after the gold one)}}. The rates are greedy and a base unsure of
     the name refuses both alike (0.92 vs 0.84 for one that did not match names at all); the
-    AUC of REFUSAL's first-token probability shows matching before it moves the argmax."""
+    AUC of T.REFUSAL's first-token probability shows matching before it moves the argmax."""
     import random
 
     from selfrag_jax.evaluation.metrics import match
     from selfrag_jax.world.build import WorldConfig, world_of
     from selfrag_jax.world.generator_data import lookalike_passage
-    from selfrag_jax.world.tasks import REFUSAL
 
     world_dir = Path(world_dir)
     manifest = json.loads((world_dir / "manifest.json").read_text())
@@ -173,13 +172,13 @@ def relevance_accuracy(model_dir: str | Path | tuple, world_dir: str | Path, n: 
         # all three sets in one generation call: one compiled shape, fewer dispatches
         prompts = [form.format(q=q, p=T.passage_text(p.title, p.text)) for q, p in own + other + lacking]
         texts = _greedy_lines(model, prompts, batch_size, max_new_tokens)
-        refusal = next_token_logprobs(model, prompts[:2 * len(own)], model[2].encode_text(REFUSAL)[0], batch_size)
+        refusal = next_token_logprobs(model, prompts[:2 * len(own)], model[2].encode_text(T.REFUSAL)[0], batch_size)
         a, b = len(own), len(own) + len(other)
         said_own, said_other, said_lacking = texts[:a], texts[a:b], texts[b:]
         out[name] = {"answered_own": rate((match(t, r["answers"]) for t, r in zip(said_own, records)), records),
-                     "refused_own": rate((t == REFUSAL for t in said_own), records),
-                     "refused_lookalike": rate((t == REFUSAL for t in said_other), records),
-                     "refused_lacking": rate((t == REFUSAL for t in said_lacking), lacking),
+                     "refused_own": rate((t == T.REFUSAL for t in said_own), records),
+                     "refused_lookalike": rate((t == T.REFUSAL for t in said_other), records),
+                     "refused_lacking": rate((t == T.REFUSAL for t in said_lacking), lacking),
                      "refusal_auc": auc(refusal[:a], refusal[a:]),
                      "lookalike_examples": said_other[:3]}
     return out

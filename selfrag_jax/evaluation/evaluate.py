@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from selfrag_jax.evaluation import metrics as M
-from selfrag_jax.world.tasks import REFUSAL
+from selfrag_jax.tokens import REFUSAL
 
 
 @dataclass(frozen=True)

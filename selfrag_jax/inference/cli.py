@@ -19,7 +19,7 @@ from selfrag_jax.inference.corrective import QUERY_MODES, CorrectiveOptions
 from selfrag_jax.inference.scoring import (MODES, PIPELINES, THRESHOLD_RULES, RefuseOptions, RetrieveOptions,
                                            ScoreOptions)
 from selfrag_jax.models.config import INFERENCE_DTYPES
-from selfrag_jax.world.tasks import REFUSAL
+from selfrag_jax.tokens import REFUSAL
 
 # Honest refusal (not in the paper) is on by default only for `open`; the paper's tasks keep
 # the paper's behaviour unless --refuse is given.

@@ -13,8 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from selfrag_jax.tokens import UTILITY_WEIGHTS
-from selfrag_jax.world.tasks import REFUSAL
+from selfrag_jax.tokens import REFUSAL, UTILITY_WEIGHTS
 
 MODES = ("adaptive", "always", "never", "hard")
 THRESHOLD_RULES = ("paper", "released")

@@ -9,7 +9,8 @@ Pure Python; `tokenizers` is imported only when a tokenizer is trained.
 
 from .build import TASK_MIX, WorldConfig, build_world
 from .core import World, make_world
-from .critic_data import critic_prompt, make_critic_records
+from ..data.critic_prompts import critic_prompt
+from .critic_data import make_critic_records
 from .generator_data import GeneratorConfig, ParsedOutput, Segment, make_generator_example, oracle_output, parse_output
 from .kb import ATTRIBUTES, KnowledgeBase, Person, make_knowledge_base
 from .passages import Passage, read_jsonl, write_jsonl

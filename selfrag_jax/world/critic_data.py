@@ -21,9 +21,10 @@ from __future__ import annotations
 import random
 from typing import Sequence
 
+from ..data.critic_prompts import INSTRUCTIONS, LABELS, isrel_input, issup_input, isuse_input, retrieve_input, retrieve_sentence_input
 from ..tokens import (
-    CONTINUE_EVIDENCE, CRITIC_PROMPT, FULLY_SUPPORTED, IRRELEVANT, ISUSE_GROUP, NO_RETRIEVAL, NO_SUPPORT,
-    PARTIALLY_SUPPORTED, RELEVANT, RETRIEVAL, passage_text,
+    CONTINUE_EVIDENCE, FULLY_SUPPORTED, IRRELEVANT, ISUSE_GROUP, NO_RETRIEVAL, PARTIALLY_SUPPORTED, RELEVANT,
+    RETRIEVAL, passage_text,
 )
 from .core import World
 from .generator_data import lookalike_passage
@@ -31,40 +32,9 @@ from .kb import Person, article
 from .passages import Passage
 from .tasks import REFUSAL, TaskMaker, claim_text
 
-INSTRUCTIONS = {  # short: every token of them costs a tiny critic compute on every example
-    "retrieve_input": "Would outside evidence help to answer this instruction? Reply [Retrieval] or [No Retrieval].",
-    "retrieve_sentence": (
-        "Does the output sentence need evidence? Reply [Continue to Use Evidence] if the evidence given "
-        "is enough, [Retrieval] if it needs new evidence, [No Retrieval] if it needs none."),
-    "isrel": "Is the evidence about what the instruction asks? Reply [Relevant] or [Irrelevant].",
-    "issup": (
-        "Does the evidence support the output? Reply [Fully supported], [Partially supported] or "
-        "[No support / Contradictory]."),
-    "isuse": "Rate how well the output answers the instruction, true or not, from [Utility:1] (not at all) to [Utility:5] (fully).",
-}
-LABELS = {
-    "retrieve_input": (RETRIEVAL, NO_RETRIEVAL),
-    "retrieve_sentence": (RETRIEVAL, NO_RETRIEVAL, CONTINUE_EVIDENCE),
-    "isrel": (RELEVANT, IRRELEVANT),
-    "issup": (FULLY_SUPPORTED, PARTIALLY_SUPPORTED, NO_SUPPORT),
-    "isuse": ISUSE_GROUP,
-}
-
 
 def _ev(p: Passage | None) -> str:
     return passage_text(p.title, p.text) if p is not None else ""
-
-
-def retrieve_input(instruction: str) -> str:
-    return f"Task instruction: {instruction}"
-
-
-def retrieve_sentence_input(instruction: str, preceding: str, evidence: str, sentence: str) -> str:
-    return f"Task instruction: {instruction}\nPreceding sentences: {preceding}\nEvidence: {evidence}\nOutput: {sentence}"
-
-
-def isrel_input(instruction: str, evidence: str) -> str:
-    return f"Task instruction: {instruction}\nEvidence: {evidence}"
 
 
 def evidence_answer(passage: Passage, person: Person, attributes: Sequence[str]) -> str:
@@ -72,24 +42,6 @@ def evidence_answer(passage: Passage, person: Person, attributes: Sequence[str])
     separated, or REFUSAL when it states none (a passage about someone else states none)."""
     stated = [passage.facts[a] for a in attributes if passage.entity_id == person.id and a in passage.facts]
     return ", ".join(stated) or REFUSAL
-
-
-def issup_input(instruction: str, preceding: str, sentence: str, evidence: str) -> str:
-    return f"Task instruction: {instruction}\nPreceding sentences: {preceding}\nOutput: {sentence}\nEvidence: {evidence}"
-
-
-def issup_output(issup_text: str) -> str:
-    """The output sentence of an `issup_input` text (its inverse, for checking a critic)."""
-    return issup_text.split("\nOutput: ", 1)[1].split("\nEvidence: ", 1)[0]
-
-
-def isuse_input(instruction: str, output: str) -> str:
-    return f"Task instruction: {instruction}\nOutput: {output}"
-
-
-def critic_prompt(record: dict) -> str:
-    """The critic's full prompt for a record (CRITIC_PROMPT of tokens.py)."""
-    return CRITIC_PROMPT.format(instruction=record["instruction"], input=record["input"])
 
 
 class CriticMaker:

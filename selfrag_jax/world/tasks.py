@@ -11,10 +11,10 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
+from ..tokens import REFUSAL
 from .core import World
 from .kb import Ghost, Person, article
 
-REFUSAL = "I don't know."
 
 # Released evaluation instructions (docs/method.md section 2), folded into `instruction`.
 FACTCHECK_INSTRUCTION = "Is the following statement correct or not? Say true if it's correct; otherwise say false."
