@@ -213,25 +213,24 @@ class Engine:
         self.placement = placement
         self.tokens = TokenCount()
         self.row_multiple = placement.row_multiple if placement else 1
-        if placement is None:
-            jit = lambda fn, ins, outs: jax.jit(fn)  # noqa: E731
-        else:
-            self._check_placement(params, config, placement)
-            jit = lambda fn, ins, outs: jax.jit(fn, in_shardings=ins, out_shardings=outs)  # noqa: E731
         p = placement
-        params_s, cache_s = (p.params(config), p.cache) if p else (None, None)
-        rep = p.replicated if p else None
+        if p is not None:
+            self._check_placement(config, p)
+
+        def jit(fn, ins, outs):
+            return jax.jit(fn) if p is None else jax.jit(fn, in_shardings=ins, out_shardings=outs)
+
+        params_s, cache_s, rep, rows = ((p.params(config), p.cache, p.replicated, p.named("cache_batch", None))
+                                        if p else (None,) * 4)
         self._prefill = jit(self._prefill_impl, (params_s, rep, rep), (cache_s, rep, rep))
         self._decode = jit(self._decode_impl, (params_s, cache_s, rep, rep, rep, rep), rep)
-        self._read = jit(self._read_impl, (params_s, cache_s, rep, rep, rep),
-                         (cache_s, p.named("cache_batch", None) if p else None, rep))
-        self._decode_rows = jit(self._decode_rows_impl, (params_s, cache_s, p.named("cache_batch", None) if p else None,
-                                                         rep, rep), rep)
+        self._read = jit(self._read_impl, (params_s, cache_s, rep, rep, rep), (cache_s, rows, rep))
+        self._decode_rows = jit(self._decode_rows_impl, (params_s, cache_s, rows, rep, rep), rep)
 
     @classmethod
     def load(cls, model: str, max_new_tokens: int, mesh: str | None = None, dtype: str = "float32",
              rules: sharding.LogicalRules = sharding.DEFAULT_RULES):
-        """(engine, tokenizer) of a checkpoint or HF folder; with `mesh` (a mesh spec as `train`
+        """(engine, tokenizer) of a checkpoint, HF folder or GGUF file; with `mesh` (a mesh spec as `train`
         takes it) the parameters load straight into their shardings, in `dtype`."""
         from selfrag_jax.models.checkpoint import load_model
 
@@ -242,7 +241,7 @@ class Engine:
         return cls(params, config, ControlIds.from_tokenizer(tok), max_new_tokens, placement), tok
 
     @staticmethod
-    def _check_placement(params, config: LlamaConfig, placement: Placement) -> None:
+    def _check_placement(config: LlamaConfig, placement: Placement) -> None:
         """Cache shapes must split over the mesh (a one-line error naming the config value)."""
         shape = (config.num_layers, placement.row_multiple, config.num_kv_heads, 1, config.head_dim)
         sharding.check_divisible("KV cache", shape, CACHE_LOGICAL, placement.mesh, placement.rules)
