@@ -306,3 +306,11 @@ def test_init_from_hf_llama_adds_reflection_rows(tmp_path):
     model_config, params, tok = build_model(cfg)
     assert model_config.vocab_size == len(tok) == 316
     assert tok.control_id("[Retrieval]") == 301 and params["embedding"].shape[0] == 316
+
+
+def test_smollm2_generator_config_is_the_papers_masking_from_a_real_base():
+    from selfrag_jax.training.config import load_config
+
+    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "smollm2" / "generator.yaml")
+    assert cfg.model.init_from == "runs/smollm2/base" and cfg.model.new_token_init == "mean"
+    assert cfg.data.task == "generator" and cfg.data.masking == "paper" and cfg.loss_averaging == "per_sequence"
