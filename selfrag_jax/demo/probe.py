@@ -2,7 +2,7 @@
 
 Self-RAG fine-tunes a pretrained model that can already copy an answer out of a passage; a
 model that only memorised its training people cannot, and no amount of generator training
-teaches it (`docs/small-models.md`). This probe asks the held-out people's
+teaches it (`docs/tiny-models.md`). This probe asks the held-out people's
 factual questions with their gold passage in the pretraining format
 (`title\\ntext\\n\\nQuestion: q\\nAnswer: `, the trailing space included: the world's
 tokenizer glues it to the colon), decodes greedily and scores with the released match. The

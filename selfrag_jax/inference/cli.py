@@ -1,4 +1,4 @@
-"""`selfrag-jax generate`: Self-RAG (or a baseline) over a JSON-lines file (interfaces.md).
+"""`selfrag-jax generate`: Self-RAG (or a baseline) over a JSON-lines file (docs/generate-format.md).
 
 Reads and validates every record first (bad input fails with file:line before any model
 work), batches questions of similar length together (less padding, fewer shapes), runs

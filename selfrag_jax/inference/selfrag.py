@@ -388,7 +388,7 @@ def best_text(r: QuestionResult, opts: ScoreOptions) -> str:
 
 
 def output_record(r: QuestionResult, opts: GenerateOptions) -> dict[str, Any]:
-    """The JSON line of interfaces.md (`generate`), plus the pipeline, refusal and rounds."""
+    """The JSON line of `generate` (docs/generate-format.md)."""
     scores = candidate_scores(r.candidates, opts.score)
     cands = []
     for j, c in enumerate(r.candidates):

@@ -27,7 +27,7 @@ from .tasks import REFUSAL, Task
 class GeneratorConfig:
     """Mix of evidence cases for retrieval tasks (the rest use the gold passage)."""
 
-    p_irrelevant: float = 0.35  # docs/small-models.md: balance relevant and look-alike passages
+    p_irrelevant: float = 0.35  # docs/tiny-models.md: balance relevant and look-alike passages
     p_no_support: float = 0.12  # only where the person has a second passage
     p_longform_distractor: float = 0.25  # one long-form segment shown a look-alike instead
     irrelevant_answer: str = "gold"  # "gold" (paper: the output text is fixed) or "refuse"

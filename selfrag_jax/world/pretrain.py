@@ -1,7 +1,7 @@
 """Base-model pretraining text: the world's passages, plain question-answer look-ups, and
 "reading" documents (a passage or two, then questions answered from it).
 
-docs/small-models.md: a model that never trained on passage text does not learn to read it,
+docs/tiny-models.md: a model that never trained on passage text does not learn to read it,
 and Self-RAG starts from a base model that already can. The reading documents are the
 in-context copying the generator later relies on; the look-alike pairs make the model
 match the question's name to the passage's title. Held-out people appear nowhere here.
@@ -27,7 +27,7 @@ class PretrainConfig:
     n_reading: int = 2500  # passage(s) followed by questions about them
     # Reading documents about *fresh* people drawn from a separate knowledge base, each used
     # once: nothing about them can be memorised, so answering needs reading the passage.
-    # docs/small-models.md: with a fixed set of people a tiny model memorises them instead of
+    # docs/tiny-models.md: with a fixed set of people a tiny model memorises them instead of
     # reading; fresh entities are what made it read.
     n_fresh_reading: int = 60000
     n_no_retrieval: int = 1000  # copy / reverse / count / sum, as plain question-answer text

@@ -1,7 +1,7 @@
 """A small byte-level BPE tokenizer for the world, saved as a Hugging Face tokenizer folder.
 
 The model must copy a value from the passage into the answer token for token
-(docs/small-models.md), so a value must be the same pieces wherever it stands. GPT-2 style
+(docs/tiny-models.md), so a value must be the same pieces wherever it stands. GPT-2 style
 pre-tokenisation glues a space to the *next* word, so "born in Orvane" and "[Relevant]Orvane"
 would differ. Here a capitalised word never carries a space (names and places tokenise the
 same in titles, questions, passages and answers), a lower-case word or a punctuation run
