@@ -53,15 +53,6 @@ FULL = Workload("llama-125m", 32, 5, (40, 90), 150, 64, (1, 2, 5, 10, 20), 10)
 SMALL = Workload("tiny", 4, 3, (10, 20), 20, 8, (1, 2, 3), 3)
 
 
-def control_ids(vocab: int, eos: int = 2):
-    """The Self-RAG layout: 16 control tokens at the end of the vocabulary."""
-    from selfrag_jax.inference.engine import ControlIds
-
-    b = vocab - 16
-    return ControlIds(retrieve=(b, b + 1, b + 2), isrel=(b + 3, b + 4), issup=(b + 12, b + 13, b + 14),
-                      isuse=tuple(range(b + 7, b + 12)), eos=eos, pad=b + 15)
-
-
 def make_inputs(w: Workload, vocab: int, k: int, seed: int = 0):
     """Prompts and, per question, k passage suffixes `[Retrieval]<paragraph>...</paragraph>`."""
     rng = np.random.default_rng(seed)
@@ -178,21 +169,21 @@ def main(argv=None) -> int:
     import jax
     import torch
 
-    from selfrag_jax.inference.engine import Engine
+    from selfrag_jax.inference.engine import ControlIds, Engine
     from selfrag_jax.models.config import preset
     from selfrag_jax.models.hf import export_hf
     from selfrag_jax.models.llama import init_params
 
     torch.set_num_threads(os.cpu_count() or 1)
     dtypes = {"dtype": "bfloat16", "param_dtype": "bfloat16"} if args.accelerator else {}
-    if args.model:  # the reflection tokens sit at the end of its vocabulary, as control_ids expects
+    if args.model:  # the reflection tokens sit at the end of its vocabulary, as ControlIds.appended expects
         from selfrag_jax.models.checkpoint import load_model
 
         config, params, _, _ = load_model(args.model, dtype=dtypes.get("dtype"))
     else:
         config = preset(w.preset, **dtypes)
         params = init_params(config, 0)
-    ids = control_ids(config.vocab_size)
+    ids = ControlIds.appended(config.vocab_size)
     prompts, passages = make_inputs(w, config.vocab_size, w.k)
     result = {"workload": w.__dict__, "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
                                                    "load_average_at_start": os.getloadavg(),

@@ -123,9 +123,8 @@ def check_decode(s: Sizes, bandwidth: float) -> dict:
 
     # The released vocabulary, so that a random model rarely emits one of its boundary ids.
     config = preset(s.model, dtype="bfloat16", param_dtype="bfloat16", vocab_size=SELFRAG_VOCAB)
-    v = config.vocab_size  # control ids at the end of the vocabulary, as Self-RAG's
-    ids = ControlIds(retrieve=(v - 16, v - 15, v - 14), isrel=(v - 13, v - 12), issup=(v - 11, v - 10, v - 9),
-                     isuse=tuple(range(v - 8, v - 3)), eos=v - 2, pad=v - 1)
+    v = config.vocab_size
+    ids = ControlIds.appended(v)
     params = init_params(config, 0)
     rng = np.random.default_rng(0)
     questions = max(1, s.decode_batch // s.ndocs)

@@ -521,10 +521,15 @@ def _serve_shapes(serve: ServeConfig, rows) -> dict[str, int]:
             "candidate_rows": rows(q * serve.ndocs), "suffix_len": bucket_length(serve.passage_tokens + PASSAGE_MARKERS)}
 
 
-def _kv_bytes(config, rows: int, length: int) -> int:
-    import numpy as np
+def _kv_shape(config, rows: int, length: int) -> tuple[int, ...]:
+    return config.num_layers, rows, config.num_kv_heads, length, config.head_dim
 
-    return 2 * config.num_layers * rows * config.num_kv_heads * length * config.head_dim * np.dtype(config.dtype).itemsize
+
+def _kv_bytes(config, rows: int, length: int) -> int:
+    """Keys and values of a KV cache, all chips together."""
+    import jax.numpy as jnp
+
+    return 2 * math.prod(_kv_shape(config, rows, length)) * jnp.dtype(config.dtype).itemsize
 
 
 def plan_serve_programs(serve: ServeConfig, model_config, target: Target, margin: float) -> tuple[dict[str, Memory], dict]:
@@ -535,16 +540,14 @@ def plan_serve_programs(serve: ServeConfig, model_config, target: Target, margin
 
     from selfrag_jax import sharding
     from selfrag_jax.inference.engine import ControlIds, Engine, Placement
-    from selfrag_jax.models.llama import abstract_params
+    from selfrag_jax.models.llama import KVCache, abstract_params
 
     placement = Placement(sharding.make_mesh(serve.mesh, target_devices(target)))
-    v = model_config.vocab_size  # any ids in the vocabulary: they only index the logits
-    ids = ControlIds(retrieve=(v - 16, v - 15, v - 14), isrel=(v - 13, v - 12), issup=(v - 11, v - 10, v - 9),
-                     isuse=tuple(range(v - 8, v - 3)), eos=2, pad=v - 1)
     abstract, _ = abstract_params(model_config)
     pshard = placement.params(model_config)
     params = _with_shardings(abstract, pshard)
-    engine = Engine(params, model_config, ids, serve.max_new_tokens, placement)
+    engine = Engine(params, model_config, ControlIds.appended(model_config.vocab_size), serve.max_new_tokens,
+                    placement)
     shapes = _serve_shapes(serve, engine.bucket_rows)
     rep = placement.replicated
 
@@ -552,15 +555,15 @@ def plan_serve_programs(serve: ServeConfig, model_config, target: Target, margin
         return jax.ShapeDtypeStruct(shape, jnp.int32, sharding=rep)
 
     cr, cl, kr, sl = shapes["context_rows"], shapes["context_len"], shapes["candidate_rows"], shapes["suffix_len"]
-    kv = jax.ShapeDtypeStruct((model_config.num_layers, cr, model_config.num_kv_heads, cl, model_config.head_dim),
-                              jnp.dtype(model_config.dtype), sharding=placement.cache.k)
-    from selfrag_jax.models.llama import KVCache
 
-    ctx_cache = KVCache(kv, kv, jax.ShapeDtypeStruct((cr,), jnp.int32, sharding=placement.cache.end))
+    def kv(rows, length):
+        return jax.ShapeDtypeStruct(_kv_shape(model_config, rows, length), jnp.dtype(model_config.dtype),
+                                    sharding=placement.cache.k)
+
+    ctx_cache = KVCache(kv(cr, cl), kv(cr, cl), jax.ShapeDtypeStruct((cr,), jnp.int32, sharding=placement.cache.end))
     param_bytes = _shard_bytes(abstract, pshard)
-    parts = placement.row_multiple * placement.mesh.shape["tensor"]
-    ctx_kv = _kv_bytes(model_config, cr, cl) // parts
-    cand_kv = _kv_bytes(model_config, kr, cl + sl + serve.max_new_tokens) // parts
+    ctx_kv = 2 * _shard_bytes(kv(cr, cl), placement.cache.k)  # per chip, as the rules split it
+    cand_kv = 2 * _shard_bytes(kv(kr, cl + sl + serve.max_new_tokens), placement.cache.k)
     programs = {}
     for name, lower in (("prefill", lambda: engine._prefill.lower(params, arg(cr, cl), arg(cr))),
                         ("decode", lambda: engine._decode.lower(params, ctx_cache, arg(kr), arg(kr, sl), arg(kr), arg(kr)))):
@@ -577,13 +580,15 @@ def plan_serve_programs(serve: ServeConfig, model_config, target: Target, margin
 
 def estimate_serve_gpu(serve: ServeConfig, model_config, target: Target, margin: float) -> tuple[dict[str, Memory], dict]:
     """GPUs: parameters, both KV caches and the float32 logits of every candidate row, from shapes."""
+    import jax.numpy as jnp
+
+    from selfrag_jax.inference.engine import bucket_rows
     from selfrag_jax.sharding import parse_mesh_spec
 
     mesh = parse_mesh_spec(serve.mesh, target.num_chips)
-    rows = mesh["data"] * mesh["fsdp"]
-    shapes = _serve_shapes(serve, lambda n: -(-n // rows) * rows)
+    shapes = _serve_shapes(serve, lambda n: bucket_rows(n, mesh["data"] * mesh["fsdp"]))
     n = target.num_chips
-    params = model_config.num_params() * jnp_itemsize(model_config.param_dtype) / n
+    params = model_config.num_params() * jnp.dtype(model_config.param_dtype).itemsize / n
     ctx_kv = _kv_bytes(model_config, shapes["context_rows"], shapes["context_len"]) / n
     cand_kv = _kv_bytes(model_config, shapes["candidate_rows"],
                         shapes["context_len"] + shapes["suffix_len"] + serve.max_new_tokens) / n
@@ -596,14 +601,6 @@ def estimate_serve_gpu(serve: ServeConfig, model_config, target: Target, margin:
         mem.fits = mem.total <= mem.hbm * (1 - margin)
         programs[name] = mem
     return programs, {"mesh": mesh, **shapes}
-
-
-def jnp_itemsize(dtype: str) -> int:
-    import numpy as np
-
-    import ml_dtypes  # noqa: F401 - registers bfloat16 with numpy
-
-    return np.dtype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype).itemsize
 
 
 def plan_serve(config_path: str, target_spec: str, overrides: list[str] = (), margin: float = 0.1,
@@ -635,10 +632,9 @@ def plan_serve(config_path: str, target_spec: str, overrides: list[str] = (), ma
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if fits(mid) else (lo, mid)
     largest = max((k for k, ok in tried.items() if ok), default=0)
-    decode = programs["decode"]
-    read = (decode.parameters + _kv_bytes(model_config, info["candidate_rows"],
-                                          info["context_len"] + info["suffix_len"] + serve.max_new_tokens)
-            / target.num_chips) * target.num_chips
+    # Per decode step the weights and every candidate row's whole cache are read once.
+    read = programs["decode"].parameters * target.num_chips + _kv_bytes(
+        model_config, info["candidate_rows"], info["context_len"] + info["suffix_len"] + serve.max_new_tokens)
     analytics = {"decode_bytes_per_step": read, "candidate_rows": info["candidate_rows"],
                  "decode_roofline_tokens_per_s": info["candidate_rows"] * target.chip.hbm_bandwidth * target.num_chips / read}
     return ServePlan(str(config_path), target.spec, target.describe(), dataclasses.asdict(serve), info.pop("mesh"),

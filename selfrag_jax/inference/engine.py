@@ -42,6 +42,7 @@ from flax import linen as nn
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from selfrag_jax import sharding
+from selfrag_jax import tokens as T
 from selfrag_jax.inference.decode import pad_batch
 from selfrag_jax.models.config import LlamaConfig
 from selfrag_jax.models.llama import CACHE_LOGICAL, KVCache, Llama, param_shardings
@@ -66,8 +67,9 @@ def bucket_length(n: int) -> int:
     return bucket(n, MIN_LENGTH_BUCKET)
 
 
-def bucket_rows(n: int) -> int:
-    return bucket(n)
+def bucket_rows(n: int, multiple: int = 1) -> int:
+    """Rows a batch of n is padded to: its bucket, rounded up to split over `multiple` devices."""
+    return -(-bucket(n) // multiple) * multiple
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,17 @@ class ControlIds:
     @classmethod
     def from_tokenizer(cls, tok) -> "ControlIds":
         return cls(tok.retrieve_ids, tok.isrel_ids, tok.issup_ids, tok.isuse_ids, tok.eos_id, tok.pad_id)
+
+    @classmethod
+    def appended(cls, vocab_size: int, eos: int = 2) -> "ControlIds":
+        """The ids a Self-RAG tokenizer gives the control tokens appended after a base
+        vocabulary (the last 16, in the reference order; docs/method.md section 1): for models
+        and plans that have no tokenizer at hand."""
+        base = vocab_size - len(T.CONTROL_TOKENS)
+        ids = {token: base + i for i, token in enumerate(T.CONTROL_TOKENS)}
+        group = lambda g: tuple(ids[t] for t in g)  # noqa: E731
+        return cls(group(T.RETRIEVE_GROUP), group(T.ISREL_GROUP), group(T.ISSUP_GROUP), group(T.ISUSE_GROUP), eos,
+                   ids[T.PAD_TOKEN])
 
     @property
     def boundary(self) -> tuple[int, ...]:
@@ -292,8 +305,7 @@ class Engine:
         return self._segments(out, n)
 
     def bucket_rows(self, n: int) -> int:
-        """Rows a batch of n is padded to: the bucket, rounded up to split over the mesh."""
-        return -(-bucket_rows(n) // self.row_multiple) * self.row_multiple
+        return bucket_rows(n, self.row_multiple)
 
     def _padded(self, values: Sequence[int]) -> np.ndarray:
         """int32 [bucket rows of n]: the values, then zeros (padding rows)."""

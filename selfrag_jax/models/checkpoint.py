@@ -20,7 +20,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from selfrag_jax.models.config import LlamaConfig, from_hf_dict
+from selfrag_jax.models.config import LlamaConfig
 from selfrag_jax.models.params import to_layout
 from selfrag_jax.utils import atomic_dir
 
@@ -136,7 +136,7 @@ def load_model(path: str | os.PathLike, scan_layers: bool | None = None, shardin
     their dtype, never whole on one device or on the host (except where the vocabulary grows,
     which needs the whole embedding)."""
     from selfrag_jax.models.gguf import GGUFModel, is_gguf
-    from selfrag_jax.models.hf import is_hf_folder, load_hf, load_hf_placed, open_source
+    from selfrag_jax.models.hf import is_hf_folder, open_source, read_host, read_placed
     from selfrag_jax.models.params import resize_vocab
     from selfrag_jax.tokenizer import SelfRAGTokenizer
 
@@ -147,19 +147,19 @@ def load_model(path: str | os.PathLike, scan_layers: bool | None = None, shardin
     if dtype is not None:
         overrides.update(dtype=dtype, param_dtype=dtype)
     if is_hf_folder(path) or is_gguf(path):
-        hf_config, source, where = open_source(path)
-        config = from_hf_dict(hf_config, where=where, **{"scan_layers": True, **overrides})
+        source = open_source(path)
+        config = source.config(**{"scan_layers": True, **overrides})
         if not add_control_tokens:
             tokenizer = None
-        elif isinstance(source, GGUFModel):
-            tokenizer = SelfRAGTokenizer(source.tokenizer())
+        elif isinstance(source.reader, GGUFModel):
+            tokenizer = SelfRAGTokenizer(source.reader.tokenizer())
         else:
             tokenizer = SelfRAGTokenizer.from_pretrained(path) if _has_tokenizer(path) else None
         grow = tokenizer is not None and len(tokenizer) > config.vocab_size
         if shardings is not None and not grow:
-            params, meta = load_hf_placed(path, config, _resolve(shardings, config))
+            params, meta = read_placed(source, config, _resolve(shardings, config))
             return config, params, tokenizer, meta
-        config, params, meta = load_hf(path, **{"scan_layers": True, **overrides})
+        params, meta = read_host(source, config)
         if grow:
             params, config = resize_vocab(params, config, len(tokenizer))
         return config, _place(params, config, shardings), tokenizer, meta

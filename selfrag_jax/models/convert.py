@@ -39,12 +39,13 @@ def hf_to_ckpt(hf_dir: str, out: str, scan_layers: bool = True) -> Path:
 
 def gguf_to_ckpt(gguf_file: str, out: str, scan_layers: bool = True) -> Path:
     from selfrag_jax.models.checkpoint import save_model
-    from selfrag_jax.models.gguf import GGUFModel
-    from selfrag_jax.models.hf import load_hf
+    from selfrag_jax.models.hf import open_source, read_host
 
-    config, params, meta = load_hf(gguf_file, scan_layers=scan_layers)
+    source = open_source(gguf_file)
+    config = source.config(scan_layers=scan_layers)
+    params, meta = read_host(source, config)
     with tempfile.TemporaryDirectory(prefix="selfrag-gguf-tok-") as tok_dir:
-        GGUFModel(gguf_file).tokenizer().save_pretrained(tok_dir)  # as is, like hf-to-ckpt's
+        source.reader.tokenizer().save_pretrained(tok_dir)  # as is, like hf-to-ckpt's
         return save_model(out, params, config, tokenizer_files=tok_dir, hf_meta=meta)
 
 

@@ -14,6 +14,7 @@ interleaved one (`permute` in convert_hf_to_gguf.py); `tensor` undoes that.
 from __future__ import annotations
 
 import os
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -62,12 +63,14 @@ class GGUFModel:
             if hf is None:
                 raise ValueError(f"{self.path}: tensor {name!r} is not part of a Llama model")
             self.weight_map[hf] = name
+        self._last: tuple[str, np.ndarray] | None = None  # a placed load asks once per device
 
     # --- metadata -------------------------------------------------------------------------
     def field(self, key: str, default: Any = None) -> Any:
         f = self.reader.fields.get(key)
         return default if f is None else f.contents()
 
+    @cached_property
     def hf_config(self) -> dict[str, Any]:
         """The model's `config.json`, as a Hugging Face export of it would read."""
         llama = lambda key, default=None: self.field(f"llama.{key}", default)  # noqa: E731
@@ -104,6 +107,11 @@ class GGUFModel:
 
     def get(self, name: str) -> np.ndarray:
         """The tensor under its HF name, dequantized to float32, in HF's layout."""
+        if self._last is None or self._last[0] != name:
+            self._last = (name, self._dequantize(name))
+        return self._last[1]
+
+    def _dequantize(self, name: str) -> np.ndarray:
         t = self._tensors[self.weight_map[name]]
         try:
             value = self._gguf.quants.dequantize(t.data, t.tensor_type)
@@ -111,11 +119,10 @@ class GGUFModel:
             raise ValueError(f"{self.path}: tensor {t.name!r} has quantization type {t.tensor_type.name}, which the "
                              "gguf package cannot dequantize") from None
         value = np.asarray(value, np.float32).reshape(self.shape_dtype(name)[0])
-        config = self.hf_config() if name.endswith(("q_proj.weight", "k_proj.weight")) else None
         if name.endswith("q_proj.weight"):
-            value = unpermute(value, config["num_attention_heads"])
+            value = unpermute(value, self.hf_config["num_attention_heads"])
         elif name.endswith("k_proj.weight"):
-            value = unpermute(value, config["num_key_value_heads"])
+            value = unpermute(value, self.hf_config["num_key_value_heads"])
         return value
 
     def read(self, name: str, index: tuple[slice, ...]) -> np.ndarray:
@@ -138,7 +145,7 @@ class GGUFModel:
             raise ValueError(f"{self.path}: tokenizer.ggml.model={kind!r} is not supported (gpt2 or llama)")
         types = self.field("tokenizer.ggml.token_type") or []
         tok.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False)
-                                for i, kind in enumerate(types) if kind in SPECIAL_TOKEN_TYPES])
+                                for i, token_type in enumerate(types) if token_type in SPECIAL_TOKEN_TYPES])
         named = {key: tokens[i] for key in ("bos", "eos", "unknown")
                  if (i := self.field(f"tokenizer.ggml.{key}_token_id")) is not None}
         hf = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=named.get("bos"), eos_token=named.get("eos"),

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 import numpy as np
@@ -131,6 +132,7 @@ class TorchBinReader:
         else:
             self.weight_map = {name: "pytorch_model.bin" for name in self._load(folder / "pytorch_model.bin")}
         self._cached: tuple[str, dict[str, np.ndarray]] | None = None
+        self._headers: dict[str, tuple[tuple[int, ...], str]] = {}
 
     def _load(self, path: Path) -> dict[str, np.ndarray]:
         from selfrag_jax.models.torch_zip import load_torch_zip
@@ -146,11 +148,14 @@ class TorchBinReader:
         file = self.weight_map[name]
         if self._cached is None or self._cached[0] != file:
             self._cached = (file, self._load(self.folder / file))
+            self._headers.update({k: (tuple(v.shape), str(v.dtype)) for k, v in self._cached[1].items()})
         return self._cached[1][name]
 
     def shape_dtype(self, name: str) -> tuple[tuple[int, ...], str]:
-        value = self.get(name)
-        return tuple(value.shape), str(value.dtype)
+        """A pickle has no header: the first look at a shard records all of its tensors."""
+        if name not in self._headers:
+            self.get(name)
+        return self._headers[name]
 
     def read(self, name: str, index: tuple[slice, ...]) -> np.ndarray:
         return self.get(name)[index]
@@ -163,78 +168,99 @@ def is_hf_folder(path: str | os.PathLike) -> bool:
                                              or (p / "pytorch_model.bin.index.json").exists())
 
 
-def open_source(source: str | os.PathLike) -> tuple[dict, Any, str]:
-    """(config.json dictionary, tensor reader, where to name in errors) of a HF Llama folder
-    (safetensors, or PyTorch `.bin` files read without torch) or a GGUF file (`models.gguf`,
-    read as the HF folder it would convert to)."""
+@dataclass(frozen=True)
+class Source:
+    """An opened model: a HF Llama folder (safetensors, or PyTorch `.bin` files read without
+    torch) or a GGUF file (`models.gguf`, read as the HF folder it would convert to). Opened
+    once; the config, the tensors and a GGUF's tokenizer all come from it."""
+
+    path: Path
+    hf_config: dict
+    reader: Any  # SafetensorsReader | TorchBinReader | GGUFModel
+    where: str  # what errors about the config name
+
+    def config(self, **overrides) -> LlamaConfig:
+        return from_hf_dict(self.hf_config, where=self.where, **overrides)
+
+    def check_tensors(self, config: LlamaConfig) -> dict[str, str]:
+        """Every tensor `config` needs is there with its shape, and nothing else: the HF dtype
+        of each (for a lossless export)."""
+        available = set(self.reader.names())
+        dtypes: dict[str, str] = {}
+        for hf_name, path, kind, shape in name_table(config):
+            if hf_name not in available:
+                raise ValueError(f"{self.path}: tensor {hf_name!r} is missing")
+            found, dtypes[hf_name] = self.reader.shape_dtype(hf_name)
+            if found != _hf_shape(path, kind, shape):
+                raise ValueError(f"{self.path}: tensor {hf_name!r} has shape {found}, "
+                                 f"expected {_hf_shape(path, kind, shape)} from {self.where}")
+            available.discard(hf_name)
+        leftover = sorted(n for n in available if not n.endswith(IGNORED_TENSORS))
+        if config.tie_word_embeddings and "lm_head.weight" in leftover:
+            leftover.remove("lm_head.weight")  # some tied exports still write it
+        if leftover:
+            raise ValueError(f"{self.path}: unexpected tensor {leftover[0]!r} (not part of a Llama model)")
+        return dtypes
+
+    def meta(self, dtypes: dict[str, str]) -> dict:
+        """What an export needs to reproduce the folder: its config, tensor dtypes, extra files
+        (a GGUF file has none beside it: its dequantized tensors export as float32)."""
+        folder = self.path
+        extra = {} if folder.is_file() else {name: json.loads((folder / name).read_text())
+                                             for name in EXTRA_FILES if (folder / name).exists()}
+        return {"hf_config": self.hf_config, "dtypes": dtypes, "extra": extra}
+
+
+def open_source(path: str | os.PathLike) -> Source:
     from selfrag_jax.models.gguf import GGUFModel, is_gguf
 
-    source = Path(source)
-    if is_gguf(source):
-        model = GGUFModel(source)
-        return model.hf_config(), model, str(source)
-    config_path = source / "config.json"
+    path = Path(path)
+    if is_gguf(path):
+        model = GGUFModel(path)
+        return Source(path, model.hf_config, model, str(path))
+    config_path = path / "config.json"
     if not config_path.exists():
         raise FileNotFoundError(f"{config_path}: missing (not a Hugging Face model folder)")
-    safetensors = any(source.glob("*.safetensors")) or (source / "model.safetensors.index.json").exists()
-    reader = SafetensorsReader(source) if safetensors else TorchBinReader(source)
-    return json.loads(config_path.read_text()), reader, str(config_path)
+    safetensors = any(path.glob("*.safetensors")) or (path / "model.safetensors.index.json").exists()
+    reader = SafetensorsReader(path) if safetensors else TorchBinReader(path)
+    return Source(path, json.loads(config_path.read_text()), reader, str(config_path))
 
 
 def load_hf(folder: str | os.PathLike, scan_layers: bool = True, **config_overrides):
     """Read a HF Llama folder (or a GGUF file). Returns (config, params as numpy float32,
     metadata for export)."""
-    folder = Path(folder)
-    hf_config, reader, where = open_source(folder)
-    config = from_hf_dict(hf_config, where=where, scan_layers=scan_layers, **config_overrides)
-    available = set(reader.names())
+    source = open_source(folder)
+    config = source.config(scan_layers=scan_layers, **config_overrides)
+    return (config, *read_host(source, config))
+
+
+def read_host(source: Source, config: LlamaConfig) -> tuple[dict[str, Any], dict]:
+    """(params as numpy float32 in `config`'s layout, metadata for export)."""
+    dtypes = source.check_tensors(config)
     params: dict[str, Any] = {}
-    dtypes: dict[str, str] = {}
-    for hf_name, path, kind, shape in name_table(config):
-        if hf_name not in available:
-            raise ValueError(f"{folder}: tensor {hf_name!r} is missing from the safetensors files")
-        tensor = reader.get(hf_name)
-        dtypes[hf_name] = str(tensor.dtype)
-        expected = _hf_shape(path, kind, shape)
-        if tuple(tensor.shape) != expected:
-            raise ValueError(f"{folder}: tensor {hf_name!r} has shape {tuple(tensor.shape)}, "
-                             f"expected {expected} from config.json")
-        value = tensor.astype(np.float32)
+    # File by file: a reader that holds one shard at a time then reads each shard once.
+    for hf_name, path, kind, shape in sorted(name_table(config), key=lambda e: source.reader.weight_map[e[0]]):
+        value = source.reader.get(hf_name).astype(np.float32)
         value = value.T.reshape(shape) if kind == "linear" else value
         node = params
         for key in path[:-1]:
             node = node.setdefault(key, {})
         node[path[-1]] = value
-        available.discard(hf_name)
-    _check_leftover(folder, available, config)
-    return config, to_layout(params, config), _meta(folder, hf_config, dtypes)
+    return to_layout(params, config), source.meta(dtypes)
 
 
-def load_hf_placed(folder: str | os.PathLike, config: LlamaConfig, shardings: Any):
-    """Read a HF Llama folder straight into sharded device arrays of `config.param_dtype`.
+def read_placed(source: Source, config: LlamaConfig, shardings: Any) -> tuple[Any, dict]:
+    """(params as sharded device arrays of `config.param_dtype`, metadata for export).
 
-    Each device's shard is read from the safetensors files on its own (a column or row
-    range of the HF matrix) and cast on the way, so a model is never whole on one device,
-    nor in host memory: a 13B in bfloat16 loads onto 8 chips of 16 GB. Returns (params,
-    metadata for export) like `load_hf`."""
+    Each device's shard is read from the files on its own (a column or row range of the HF
+    matrix) and cast on the way, so a model is never whole on one device, nor in host memory:
+    a 13B in bfloat16 loads onto 8 chips of 16 GB."""
     import jax
 
     from selfrag_jax.models.llama import abstract_params
 
-    folder = Path(folder)
-    hf_config, reader, _ = open_source(folder)
-    available = set(reader.names())
-    dtypes: dict[str, str] = {}
-    for hf_name, path, kind, shape in name_table(config):
-        if hf_name not in available:
-            raise ValueError(f"{folder}: tensor {hf_name!r} is missing from the safetensors files")
-        found, dtypes[hf_name] = reader.shape_dtype(hf_name)
-        if found != _hf_shape(path, kind, shape):
-            raise ValueError(f"{folder}: tensor {hf_name!r} has shape {found}, "
-                             f"expected {_hf_shape(path, kind, shape)} from config.json")
-        available.discard(hf_name)
-    _check_leftover(folder, available, config)
-
+    dtypes = source.check_tensors(config)
+    reader = source.reader
     target = np.dtype(_np_dtype(config.param_dtype))
     kinds = {path: kind for _, path, kind in (*TOP_TABLE, *LAYER_TABLE)}
     abstract, _ = abstract_params(config)
@@ -257,15 +283,14 @@ def load_hf_placed(folder: str | os.PathLike, config: LlamaConfig, shardings: An
                 return _read_part(reader, hf_name, kinds[path], path, value.shape, index, target)
         return jax.make_array_from_callback(value.shape, spec, shard)
 
-    params = jax.tree_util.tree_map_with_path(leaf, abstract, shardings)
-    return params, _meta(folder, hf_config, dtypes)
+    return jax.tree_util.tree_map_with_path(leaf, abstract, shardings), source.meta(dtypes)
 
 
 def _hf_name(path: tuple[str, ...]) -> str:
     return next(name for name, p, _ in (*TOP_TABLE, *LAYER_TABLE) if p == path)
 
 
-def _read_part(reader: SafetensorsReader, name: str, kind: str, path: tuple[str, ...], shape: tuple[int, ...],
+def _read_part(reader: Any, name: str, kind: str, path: tuple[str, ...], shape: tuple[int, ...],
                index: tuple[slice, ...], dtype: np.dtype) -> np.ndarray:
     """Our-layout part `index` of one HF tensor, cast to `dtype`. A linear weight is HF
     `[prod(out dims), prod(in dims)]`: a part whose split dim leads its group is a contiguous
@@ -287,22 +312,6 @@ def _read_part(reader: SafetensorsReader, name: str, kind: str, path: tuple[str,
             post.append(tuple(slice(a, b) for a, b in rng))
     part = reader.read(name, tuple(hf_index)).T.reshape(*group_shape[1], *group_shape[0])
     return np.ascontiguousarray(part[post[1] + post[0]]).astype(dtype)
-
-
-def _meta(folder: Path, hf_config: dict, dtypes: dict[str, str]) -> dict:
-    """What an export needs to reproduce the folder: its config, tensor dtypes, extra files
-    (a GGUF file has none beside it: its dequantized tensors export as float32)."""
-    extra = {} if folder.is_file() else {name: json.loads((folder / name).read_text())
-                                         for name in EXTRA_FILES if (folder / name).exists()}
-    return {"hf_config": hf_config, "dtypes": dtypes, "extra": extra}
-
-
-def _check_leftover(folder: Path, available: set[str], config: LlamaConfig) -> None:
-    leftover = sorted(n for n in available if not n.endswith(IGNORED_TENSORS))
-    if config.tie_word_embeddings and "lm_head.weight" in leftover:
-        leftover.remove("lm_head.weight")  # some tied exports still write it
-    if leftover:
-        raise ValueError(f"{folder}: unexpected tensor {leftover[0]!r} (not part of a Llama model)")
 
 
 # --------------------------------------------------------------------------------------

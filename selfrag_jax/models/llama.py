@@ -289,10 +289,7 @@ class Llama(nn.Module):
         float32: a float32 copy of the vocabulary matrix per decode step would cost as much
         memory traffic as a tenth of a 7B model's weights."""
         w = self.embedding.T if self.config.tie_word_embeddings else self.lm_head
-        if w.dtype == jnp.float32:
-            logits = dense(hidden.astype(jnp.float32), w)
-        else:
-            logits = dense(hidden.astype(w.dtype), w, out_dtype=jnp.float32)
+        logits = dense(hidden.astype(w.dtype), w, out_dtype=jnp.float32)
         return constrain(logits, "activation_batch", "activation_length", "activation_vocab")
 
     def last_logits(self, hidden: jax.Array, lengths: jax.Array) -> jax.Array:
