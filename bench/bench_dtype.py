@@ -20,7 +20,8 @@ from bench.common import machine_info, now, versions, write_result
 
 
 def decode(models: Path, work: Path, dtype: str, limit: int, batch_size: int) -> dict[str, list[dict]]:
-    from selfrag_jax.demo.demo import TASKS, load_engine, load_items, model_ndocs, run_batches
+    from selfrag_jax.demo.decoding import load_engine, load_items, model_ndocs, run_batches
+    from selfrag_jax.demo.demo import TASKS
     from selfrag_jax.inference.selfrag import GenerateOptions, ShortForm
     from selfrag_jax.retrieval.retriever import Retriever
 
@@ -43,8 +44,9 @@ def main(argv=None) -> int:
     parser.add_argument("--batch-size", type=int, default=32)
     args = parser.parse_args(argv)
 
-    from selfrag_jax.demo.pipeline import ASSETS, Stages
-    from selfrag_jax.evaluation.metrics import match
+    from selfrag_jax.bundled import ASSETS
+    from selfrag_jax.demo.pipeline import Stages
+    from selfrag_jax.metrics import match
 
     work = Path(args.work)
     stages = Stages(work)

@@ -150,7 +150,7 @@ def latency_summary(result: dict[str, Any], small: bool) -> list[dict[str, Any]]
 # --- the bundled world: refusal and corrective re-retrieval ------------------------------------
 def world_args(model: str, index: str, extra: list[str]) -> argparse.Namespace:
     """`compare`'s own flags and defaults, so the numbers are what the command gives."""
-    from selfrag_jax.inference import compare
+    from selfrag_jax.evaluation import compare
 
     parser = argparse.ArgumentParser()
     compare.add_arguments(parser)
@@ -179,9 +179,9 @@ def with_distractors(records: list[dict[str, Any]], retrieve, entities: dict[str
 
 def world(args: argparse.Namespace) -> dict[str, Any]:
     from selfrag_jax.inference.cli import Session
-    from selfrag_jax.inference.compare import PipelineSpec, compare
+    from selfrag_jax.evaluation.compare import PipelineSpec, compare
     from selfrag_jax.inference.items import parse_item
-    from selfrag_jax.inference.report import WorldFactJudge
+    from selfrag_jax.world.judges import WorldFactJudge
 
     world_dir = Path(args.world_dir) if args.world_dir else world_of_index(Path(args.index))
     extra = ["--ndocs", str(args.ndocs), "--max-new-tokens", str(args.max_new_tokens),

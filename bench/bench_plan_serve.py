@@ -24,7 +24,8 @@ def main(argv=None) -> int:
     parser.parse_args(argv)
     import jax
 
-    from selfrag_jax.plan import GiB, plan_serve
+    from selfrag_jax.chips import GiB
+    from selfrag_jax.plan import plan_serve
 
     jax.config.update("jax_default_matmul_precision", None)
     cases = [(p.stem, []) for p in sorted((ROOT / "configs" / "serve").glob("*.yaml"))] + [OVERSIZED]

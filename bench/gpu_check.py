@@ -31,12 +31,12 @@ import numpy as np  # noqa: E402
 
 from selfrag_jax.models.config import SELFRAG_VOCAB, preset  # noqa: E402
 from selfrag_jax.models.llama import Llama, init_params  # noqa: E402
-from selfrag_jax.plan import CHIPS  # noqa: E402
+from selfrag_jax.chips import chip_of  # noqa: E402
+from selfrag_jax.data.pack import BATCH_KEYS  # noqa: E402
 from selfrag_jax.sharding import make_mesh  # noqa: E402
 from selfrag_jax.training.config import load_config  # noqa: E402
 from selfrag_jax.training.synthetic import SyntheticData  # noqa: E402
-from selfrag_jax.training.trainer import (BATCH_KEYS, PEAK_FLOPS, Trainer, make_optimizer,  # noqa: E402
-                                          make_schedule, measure_matmul_peak)
+from selfrag_jax.training.trainer import Trainer, make_optimizer, make_schedule, measure_matmul_peak  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "results" / "gpu_check.json"
 
@@ -64,10 +64,8 @@ def accelerator() -> tuple[jax.Device, float, float]:
     """(device, dense bf16 peak FLOP/s, HBM bytes/s); on a CPU the measured float32 matmul
     rate and no bandwidth figure."""
     device = jax.devices()[0]
-    kind = device.device_kind
-    peak = next((v for k, v in PEAK_FLOPS.items() if k in kind), 0.0)
-    bandwidth = next((c.hbm_bandwidth for c in CHIPS.values() if c.kind == "gpu" and c.name.upper() in kind.upper()),
-                     0.0)
+    chip = chip_of(device.device_kind)
+    peak, bandwidth = (chip.peak_flops, chip.hbm_bandwidth) if chip else (0.0, 0.0)
     if device.platform == "cpu":
         peak = measure_matmul_peak()
     return device, peak, bandwidth

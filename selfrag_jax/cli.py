@@ -25,7 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve-retrieval": ("selfrag_jax.retrieval.cli", "HTTP retrieval service over an index folder"),
     "data preview": ("selfrag_jax.data.preview", "show how examples are tokenized and which tokens carry loss"),
     "generate": ("selfrag_jax.inference.cli", "Self-RAG inference (short or long form) over a JSON-lines file"),
-    "compare": ("selfrag_jax.inference.compare", "two pipelines on the same inputs: accuracy, faithfulness, refusal, latency"),
+    "compare": ("selfrag_jax.evaluation.compare", "two pipelines on the same inputs: accuracy, faithfulness, refusal, latency"),
     "eval": ("selfrag_jax.evaluation.evaluate", "metrics of a predictions file (released match, EM, F1, ASQA citations)"),
     "sweep": ("selfrag_jax.evaluation.sweep_cli", "re-rank a --cache under a grid of weights and thresholds (CSV + plots)"),
     "plan": ("selfrag_jax.plan", "will a config fit a TPU slice or GPUs? AOT-compile train and decode steps, bytes per chip"),

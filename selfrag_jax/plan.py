@@ -28,34 +28,12 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-GiB = 1024**3
+from selfrag_jax.chips import ALIASES, CHIPS, GiB, Chip
 
 
 # --------------------------------------------------------------------------------------
 # Targets: product names -> chips, libtpu topologies and their HBM
 # --------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Chip:
-    name: str
-    kind: str  # "tpu" | "gpu"
-    hbm_bytes: int
-    peak_flops: float  # dense bfloat16 FLOP/s, from the vendors' spec sheets
-    hbm_bandwidth: float  # bytes/s
-    dims: int = 3  # torus dimensions of a TPU slice
-    cores_in_name: bool = False  # v4-32 / v5p-32 count TensorCores: 2 per chip
-    chip_config: str = "default"  # libtpu chip config (v4 runs as one "megacore" device per chip)
-
-
-CHIPS: dict[str, Chip] = {
-    "v4": Chip("v4", "tpu", 32 * GiB, 275e12, 1.2e12, 3, True, "megacore"),
-    "v5p": Chip("v5p", "tpu", 95 * GiB, 459e12, 2.765e12, 3, True),
-    "v5e": Chip("v5e", "tpu", 16 * GiB, 197e12, 0.819e12, 2),
-    "v6e": Chip("v6e", "tpu", 32 * GiB, 918e12, 1.64e12, 2),
-    "h100": Chip("h100", "gpu", 80 * GiB, 989e12, 3.35e12),
-    "h200": Chip("h200", "gpu", 140 * GiB, 989e12, 4.8e12),
-    "a100": Chip("a100", "gpu", 80 * GiB, 312e12, 2.0e12),
-}
-ALIASES = {"v5litepod": "v5e", "v5lite": "v5e", "v6lite": "v6e", "v5": "v5p"}
 SPEC_HELP = ("a product name (v5p-32, v5e-64, v4-32, v6e-16), a libtpu topology (v5p:2x2x4, v5e:8x8) "
              "or GPUs (8x h100, 4x a100, h200)")
 
@@ -285,7 +263,8 @@ def plan_train(cfg, model_config, target: Target, margin: float) -> tuple[Memory
     import jax.numpy as jnp
 
     from selfrag_jax import sharding
-    from selfrag_jax.training.trainer import BATCH_KEYS, Trainer, make_optimizer, make_schedule
+    from selfrag_jax.data.pack import BATCH_KEYS
+    from selfrag_jax.training.trainer import Trainer, make_optimizer, make_schedule
 
     mesh = sharding.make_mesh(cfg.mesh, target_devices(target))
     trainer = Trainer(cfg, model_config, mesh=mesh)

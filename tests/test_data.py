@@ -407,7 +407,7 @@ def test_preview_default_tokenizer_is_the_worlds(world, tmp_path):
               env={"SELFRAG_JAX_CACHE": str(tmp_path / "cache")})
     assert res.returncode == 0, res.stderr
     row = json.loads(res.stdout)
-    from selfrag_jax.demo.pipeline import ASSETS
+    from selfrag_jax.bundled import ASSETS
 
     wtok = SelfRAGTokenizer.from_pretrained(ASSETS / "generator")  # the shipped models' tokenizer
     first = json.loads((world / "small" / "critic.jsonl").read_text().splitlines()[0])

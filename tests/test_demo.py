@@ -70,20 +70,19 @@ def test_demo_fast_variant(tmp_path, capsys):
     assert "A traced example" in out and "selfrag_no_issup" in out and "reading ceiling" in out
     assert report["ndocs"] == 5 and report["depth"] is None  # no decoding.json: the paper's depth
 
-    # the depth stage: its dev numbers are the released match of each depth's choice, by replay
-    from selfrag_jax.demo.demo import choose_depth
-    from selfrag_jax.evaluation.metrics import match
-    from selfrag_jax.inference.cache import load_cache, replay
-    from selfrag_jax.inference.scoring import RetrieveOptions, ScoreOptions
+    # the depth stage: its dev numbers are the released match of each depth's choice, by `choose`
+    from selfrag_jax.demo.decoding import choose_depth
+    from selfrag_jax.metrics import match
+    from selfrag_jax.inference.cache import load_cache, predictions
+    from selfrag_jax.inference.candidates import ChoiceOptions, choose
 
     info = choose_depth(tmp_path / "models" / "generator", work / "world", work / "index", tmp_path / "depth",
                         n=4, batch_size=3, log=lambda m: None)
     cache = load_cache(tmp_path / "depth")
     assert len(cache.questions) == 4 and cache.questions[0]["id"].startswith("world_dev_")
     for k, value in info["dev_match"].items():
-        rows = replay(cache, RetrieveOptions(), ScoreOptions(), ndocs=int(k))
-        assert value == pytest.approx(sum(match(r["prediction"], q["answers"]) for r, q in zip(rows, cache.questions)) / 4,
-                                      abs=1e-4)
+        texts = predictions(cache, choose(cache.table(), ChoiceOptions(ndocs=int(k))))
+        assert value == pytest.approx(sum(match(t, q["answers"]) for t, q in zip(texts, cache.questions)) / 4, abs=1e-4)
     assert info["dev_match"][str(info["ndocs"])] == max(info["dev_match"].values())
 
     from selfrag_jax.demo.probe import RELEVANCE_FORMS, reading_accuracy, reading_prompts, relevance_accuracy
@@ -111,7 +110,7 @@ def test_refusal_auc_reads_the_next_token():
     import jax
     import numpy as np
 
-    from selfrag_jax.demo.pipeline import ASSETS
+    from selfrag_jax.bundled import ASSETS
     from selfrag_jax.demo.probe import auc, next_token_logprobs, probe_model
     from selfrag_jax.models.llama import Llama
 
@@ -221,7 +220,8 @@ def test_demo_retrain_evaluates_the_shipped_models_in_a_second_process(tmp_path,
     equal the parent's own evaluation of them."""
     import shutil
 
-    from selfrag_jax.demo.demo import DEPTH_FILE, model_ndocs
+    from selfrag_jax.bundled import DEPTH_FILE
+    from selfrag_jax.demo.decoding import model_ndocs
     from selfrag_jax.demo.pipeline import Stages
 
     work, models, encoder = demo_inputs(tmp_path)
@@ -250,7 +250,7 @@ def test_induction_probe_scores_a_perfect_copier_one():
     uniform logits none."""
     import numpy as np
 
-    from selfrag_jax.demo.pipeline import ASSETS
+    from selfrag_jax.bundled import ASSETS
     from selfrag_jax.demo.probe import copy_scores, induction_accuracy, repeat_rows
     from selfrag_jax.tokenizer import SelfRAGTokenizer
 

@@ -8,8 +8,9 @@ import json
 import pytest
 
 from selfrag_jax.cli import main
-from selfrag_jax.evaluation import metrics as M
-from selfrag_jax.evaluation.citations import WorldJudge, citation_scores, split_sentences
+from selfrag_jax import metrics as M
+from selfrag_jax.evaluation.citations import citation_scores, split_sentences
+from selfrag_jax.world.judges import WorldJudge
 from selfrag_jax.evaluation.evaluate import evaluate
 
 

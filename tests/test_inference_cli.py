@@ -1,4 +1,4 @@
-"""`selfrag-jax generate` end to end: output format, --cache replay, one-line errors."""
+"""`selfrag-jax generate` end to end: output format, --cache chosen again, one-line errors."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import pytest
 from test_inference import make_items, make_selfrag_model
 
 from selfrag_jax.cli import main
-from selfrag_jax.inference.cache import load_cache, replay
-from selfrag_jax.inference.scoring import RetrieveOptions, ScoreOptions
+from selfrag_jax.inference.cache import load_cache, predictions
+from selfrag_jax.inference.candidates import ChoiceOptions, choose
+from selfrag_jax.inference.scoring import RetrieveOptions
 
 KEYS = {"id", "question", "prediction", "retrieved", "p_retrieve", "candidates", "chosen"}
 
@@ -25,7 +26,7 @@ def write_input(path, items):
     return path
 
 
-def test_generate_writes_records_and_a_cache_that_replays(model_dir, tmp_path):
+def test_generate_writes_records_and_a_cache_that_chooses_the_same(model_dir, tmp_path):
     src = write_input(tmp_path / "in.jsonl", make_items(5, seed=7, k=3))
     out, cache = tmp_path / "out.jsonl", tmp_path / "cache"
     rc = main(["generate", "--model", str(model_dir), "--input", str(src), "--output", str(out), "--ndocs", "3",
@@ -43,13 +44,15 @@ def test_generate_writes_records_and_a_cache_that_replays(model_dir, tmp_path):
     data = load_cache(cache)
     assert data.meta["n_questions"] == 5 and data.meta["n_candidates"] == 15
     assert data.arrays["c_sup_probs"].shape == (15, 3) and data.arrays["c_use_probs"].shape == (15, 5)
-    same = replay(data, RetrieveOptions(threshold=0.5), ScoreOptions())
-    assert [(r["prediction"], r["retrieved"], r["chosen"]) for r in same] == \
+    table, refuse = data.table(), data.refuse_options()
+    assert refuse.enabled  # --task open: refusal on by default, and the cache says so
+    same = choose(table, ChoiceOptions(retrieve=RetrieveOptions(threshold=0.5), refuse=refuse))
+    assert list(zip(predictions(data, same), same.retrieved.tolist(), [same.index(q) for q in range(5)])) == \
         [(r["prediction"], r["retrieved"], r["chosen"]) for r in records]
     np.testing.assert_allclose(data.arrays["c_seq"], [c["scores"]["seq"] for r in records for c in r["candidates"]],
                                atol=1e-6)
-    assert all(r["retrieved"] for r in replay(data, RetrieveOptions(mode="always"), ScoreOptions()))
-    assert not any(r["retrieved"] for r in replay(data, RetrieveOptions(mode="never"), ScoreOptions()))
+    assert choose(table, ChoiceOptions(retrieve=RetrieveOptions(mode="always"))).retrieved.all()
+    assert not choose(table, ChoiceOptions(retrieve=RetrieveOptions(mode="never"))).retrieved.any()
 
 
 @pytest.mark.parametrize("lines,message", [

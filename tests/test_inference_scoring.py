@@ -63,7 +63,7 @@ def test_final_score_weights_and_sequence_score():
     seq, rel, sup, use = np.array([-0.5]), np.array([0.8]), np.array([0.6]), np.array([0.4])
     paper = scoring.final_score(seq, rel, sup, use, ScoreOptions())
     np.testing.assert_allclose(paper, np.exp(-0.5) + 0.8 + 0.6 + 0.5 * 0.4)
-    released = scoring.final_score(seq, rel, sup, use, ScoreOptions(w_use=1.0, use_seqscore=False))
+    released = scoring.final_score(seq, rel, sup, use, ScoreOptions(w_use=1.0, seqscore=False))
     np.testing.assert_allclose(released, 0.8 + 0.6 + 0.4)
 
 
@@ -94,30 +94,72 @@ def test_passages_keep_a_numeric_retriever_score():
     assert np.isnan(scoring.passage_score(None)) and np.isnan(scoring.passage_score({"text": "x"}))
 
 
+def one_question(texts, finals, task="open", rel_label=None, sup_label=None):
+    """A one-question table whose candidates' final scores are `finals` under ScoreOptions(w_use=0,
+    seqscore=False, w_sup=0): rel carries the score."""
+    from selfrag_jax.inference.candidates import Row, Table
+
+    n = len(texts)
+    rel_label = [1] * n if rel_label is None else rel_label
+    sup_label = [0] * n if sup_label is None else sup_label
+    rows = [Row([], {"id": str(i), "title": "", "text": ""}, text=t, rel_probs=np.array([1 - f, f]),
+                sup_probs=np.eye(3)[max(s, 0)] if s >= 0 else np.zeros(3), sup_found=s >= 0, rel_label=r)
+            for i, (t, f, r, s) in enumerate(zip(texts, finals, rel_label, sup_label))]
+    return Table.from_rows([rows], task, np.log(np.array([[0.1, 0.8, 0.1]])), [True])
+
+
+def chosen(table, task="open", hard="none", **refuse):
+    from selfrag_jax.inference.candidates import ChoiceOptions, choose
+    from selfrag_jax.inference.scoring import RefuseOptions
+
+    opts = ChoiceOptions(task=task, score=ScoreOptions(w_sup=0.0, w_use=0.0, seqscore=False, hard=hard),
+                         refuse=RefuseOptions(**refuse))
+    return choose(table, opts).index(0)
+
+
 def test_hard_constraints():
-    rel_label = np.array([1, 0, 1, -1])  # Relevant, Irrelevant, Relevant, none
-    sup_label = np.array([0, 0, 2, -1])  # Fully, Fully, No support, none
-    assert scoring.allowed(rel_label, sup_label, ScoreOptions()).tolist() == [True] * 4
-    assert scoring.allowed(rel_label, sup_label, ScoreOptions(drop_irrelevant=True)).tolist() == [True, False, True, True]
-    assert scoring.allowed(rel_label, sup_label, ScoreOptions(drop_no_support=True)).tolist() == [True, True, False, True]
+    table = one_question(["a", "b", "c", "d"], [0.2, 0.9, 0.5, 0.1],
+                         rel_label=[1, 0, 1, -1], sup_label=[0, 0, 2, -1])  # b: Irrelevant, c: No support
+    assert chosen(table) == 1
+    assert chosen(table, hard="irrelevant") == 2
+    assert chosen(table, hard="no_support") == 1
+    assert chosen(table, hard="both") == 0
+    assert scoring.Hard.of(True, True) == scoring.Hard.BOTH and ScoreOptions(hard="both").hard.drops_irrelevant
+    with pytest.raises(ValueError, match="hard constraint"):
+        ScoreOptions(hard="sometimes")
 
 
 def test_open_task_takes_the_best_candidate_and_constraints_can_drop_all():
-    finals = np.array([0.2, 0.9, 0.5])
-    assert scoring.choose(["a", "b", "c"], finals, np.ones(3, bool)) == 1
-    assert scoring.choose(["a", "b", "c"], finals, np.array([True, False, True])) == 2
-    assert scoring.choose(["a", "b", "c"], finals, np.zeros(3, bool)) is None
+    assert chosen(one_question(["a", "b", "c"], [0.2, 0.9, 0.5])) == 1
+    assert chosen(one_question(["a", "b", "c"], [0.2, 0.9, 0.5], rel_label=[1, 0, 1]), hard="irrelevant") == 2
+    assert chosen(one_question(["a", "b", "c"], [0.2, 0.9, 0.5], rel_label=[0, 0, 0]), hard="irrelevant") is None
+    assert chosen(one_question(["a", "b", "c"], [0.9, 0.9, 0.5])) == 0  # ties: the first
 
 
 def test_closed_set_sums_final_scores_per_normalised_answer():
     texts = ["True", "false.", "It is true", "False", "FALSE"]
-    finals = np.array([0.9, 0.4, 0.3, 0.35, 0.3])  # true: 1.2, false: 1.05
-    chosen = scoring.choose(texts, finals, np.ones(5, bool), task="fever")
-    assert chosen == 0  # best candidate of the winning answer
-    finals = np.array([0.9, 0.5, 0.2, 0.4, 0.4])  # true 1.1, false 1.3: the sum wins over the single best
-    assert scoring.normalise_answer(texts[scoring.choose(texts, finals, np.ones(5, bool), task="pubhealth")], "pubhealth") == "false"
-    assert scoring.choose(texts, finals, np.ones(5, bool), task="open") == 0
+    finals = [0.9, 0.4, 0.3, 0.35, 0.3]  # true: 1.2, false: 1.05
+    assert chosen(one_question(texts, finals, "fever"), "fever") == 0  # best candidate of the winning answer
+    finals = [0.9, 0.5, 0.2, 0.4, 0.4]  # true 1.1, false 1.3: the sum wins over the single best
+    c = chosen(one_question(texts, finals, "pubhealth"), "pubhealth")
+    assert scoring.answer_group(texts[c], "pubhealth") == "false" and c == 1
+    assert chosen(one_question(texts, finals, "open")) == 0
     arc = ["B", "A: the sun", "(B) water", "b"]
-    assert scoring.normalise_answer(arc[1], "arc_c") == "A"
-    assert scoring.choose(arc, np.array([0.5, 0.9, 0.3, 0.2]), np.ones(4, bool), task="arc_c") == 0
-    assert scoring.normalise_answer("REFUTES", "fever") == "false"
+    assert scoring.answer_group(arc[1], "arc_c") == "A"
+    assert chosen(one_question(arc, [0.5, 0.9, 0.3, 0.2], "arc_c"), "arc_c") == 0
+    # equal totals: the answer whose first candidate comes first wins
+    assert chosen(one_question(["A", "B", "B"], [0.5, 0.25, 0.25], "arc_c"), "arc_c") == 0
+    assert chosen(one_question(["B", "A", "B"], [0.25, 0.5, 0.25], "arc_c"), "arc_c") == 0
+    assert scoring.answer_group("REFUTES", "fever") == "false"
+
+
+def test_refusal_and_its_reason():
+    from selfrag_jax.inference.candidates import ChoiceOptions, choose
+    from selfrag_jax.inference.scoring import RefuseOptions
+
+    table = one_question(["a", "b"], [0.9, 0.3], sup_label=[2, 0])  # a: No support; b: supported but rel 0.3
+    opts = ChoiceOptions(refuse=RefuseOptions(enabled=True))
+    got = choose(table, opts)
+    assert got.refused.tolist() == [True] and got.index(0) is None
+    assert got.reasons[0] == "no candidate is both relevant and supported"
+    assert chosen(table, enabled=True, rel_threshold=0.2) == 1

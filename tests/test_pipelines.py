@@ -19,11 +19,12 @@ from test_inference import FakeRetriever, make_items, make_selfrag_model
 from selfrag_jax import tokens as T
 from selfrag_jax.cli import main
 from selfrag_jax.inference import corrective, scoring
-from selfrag_jax.inference.compare import PipelineSpec
+from selfrag_jax.evaluation.compare import PipelineSpec
 from selfrag_jax.inference.corrective import CorrectiveOptions
 from selfrag_jax.inference.engine import ControlIds, Engine
 from selfrag_jax.inference.items import parse_item
-from selfrag_jax.inference.report import WorldFactJudge, quality_report
+from selfrag_jax.inference.report import quality_report
+from selfrag_jax.world.judges import WorldFactJudge
 from selfrag_jax.inference.scoring import RefuseOptions, RetrieveOptions
 from selfrag_jax.inference.selfrag import GenerateOptions, ShortForm
 from selfrag_jax.models.checkpoint import load_model

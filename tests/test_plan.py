@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from selfrag_jax.cli import main as cli_main
-from selfrag_jax.plan import GiB, candidate_changes, parse_target, plan, plan_model_config, slice_shape
+from selfrag_jax.chips import GiB
+from selfrag_jax.plan import candidate_changes, parse_target, plan, plan_model_config, slice_shape
 from selfrag_jax.training.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -57,7 +57,7 @@ def test_induction_curve_walks_a_runs_checkpoints(tmp_path):
     import pytest
 
     from bench.induction_curve import main
-    from selfrag_jax.demo.pipeline import ASSETS
+    from selfrag_jax.bundled import ASSETS
 
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)

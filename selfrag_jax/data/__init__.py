@@ -11,10 +11,8 @@ no TensorFlow, used on GPU machines and by the embedded default) and the seqio +
 
 from .encode import Example, MaskConfig, SpecialIds, assemble, encode_record, passage_content
 from .pack import BATCH_KEYS, Packer
-from .pipeline import (
-    DataConfig, DataIterator, JsonlSource, Order, TaskSpec, batches, config_dict, critic_tasks, generator_task,
-    make_sources,
-)
+from .config import DataConfig, TaskSpec, critic_tasks, generator_task
+from .pipeline import DataIterator, JsonlSource, Order, batches, config_dict, make_sources
 from .records import CRITIC_TYPES, JsonlIndex, RecordError, critic_type, iter_records, parse_record
 
 __all__ = [

@@ -46,7 +46,7 @@ def read_support(text: str, output: str) -> str | None:
     `Answer:` line states it (SQuAD-normalised); all -> Fully, some -> Partially, none -> No
     support. None when the critic wrote no `Answer:` line (sentences, or a critic trained
     without them)."""
-    from selfrag_jax.evaluation.metrics import normalize_answer
+    from selfrag_jax.metrics import normalize_answer
 
     found = re.search(r"Answer:([^\n]*)", text)
     if found is None:

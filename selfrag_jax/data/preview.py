@@ -3,7 +3,7 @@
 Reads the first N records of a JSON-lines file, encodes them exactly as training does
 (encode.encode_record) and prints them with the trained tokens highlighted (ANSI colour on
 a terminal, `[[...]]` otherwise), or as JSON lines `{"tokens", "ids", "loss_weights"}`.
-Without --tokenizer, the bundled world's tokenizer is built once into a cache folder.
+Without --tokenizer, the bundled generator's (the bundled world's tokenizer).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import os
 import sys
 from pathlib import Path
 
+from selfrag_jax.bundled import ASSETS
 from selfrag_jax.cli import CLIError
 
 from .encode import MaskConfig, encode_record
@@ -21,40 +22,15 @@ from .records import iter_records
 GREEN, YELLOW, RESET = "\x1b[1;32m", "\x1b[33m", "\x1b[0m"
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("SELFRAG_JAX_CACHE") or os.path.expanduser("~/.cache/selfrag_jax"))
-
-
-def world_tokenizer_dir() -> Path:
-    """The bundled world's tokenizer: the shipped generator's (it was trained with it), or,
-    without shipped models, the tokenizer of the world built into the cache."""
-    from selfrag_jax.demo.pipeline import ASSETS
-
-    if (ASSETS / "generator" / "tokenizer.json").exists():
-        return ASSETS / "generator"
-    world = cache_dir() / "world-seed0"
-    tok_dir = world / "tokenizer"
-    if (world / "manifest.json").exists() and (tok_dir / "tokenizer.json").exists():
-        return tok_dir
-    try:
-        from selfrag_jax.utils import atomic_dir
-        from selfrag_jax.world import build_world
-
-        with atomic_dir(world) as tmp:
-            build_world(str(tmp), seed=0)
-    except Exception as err:  # noqa: BLE001 - any failure becomes the one-line message below
-        raise CLIError(f"no --tokenizer given and the bundled world's tokenizer could not be built in {world}: {err}") from None
-    return tok_dir
-
-
 def load_tokenizer(path: str | None):
     from selfrag_jax.tokenizer import SelfRAGTokenizer
 
-    folder = Path(path) if path else world_tokenizer_dir()
+    folder = Path(path) if path else ASSETS / "generator"
     try:
         return SelfRAGTokenizer.from_pretrained(folder)
     except (OSError, ValueError) as err:
-        raise CLIError(f"cannot load tokenizer from {folder}: {err}") from None
+        hint = "" if path else " (the bundled generator's; give --tokenizer)"
+        raise CLIError(f"cannot load tokenizer from {folder}{hint}: {err}") from None
 
 
 def add_arguments(parser) -> None:
@@ -66,7 +42,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--passage-loss-weight", type=float, default=0.0, help="weight of passage content (paper: 0)")
     parser.add_argument("--critic-labels", choices=("text", "tokens"), default="text")
     parser.add_argument("--max-tokens", type=int, default=2049, help="truncate examples to this many tokens")
-    parser.add_argument("--tokenizer", default=None, help="tokenizer folder (default: the bundled world's)")
+    parser.add_argument("--tokenizer", default=None, help="tokenizer folder (default: the bundled generator's, the world's tokenizer)")
     parser.add_argument("-n", type=int, default=3, help="number of examples")
     parser.add_argument("--json", action="store_true", help="JSON lines: tokens, ids, loss_weights per example")
 

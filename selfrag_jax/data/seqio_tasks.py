@@ -30,7 +30,7 @@ import tensorflow_datasets as tfds
 from selfrag_jax import tokens as T
 
 from .encode import Example, MaskConfig, SpecialIds, assemble
-from .pipeline import DataConfig, TaskSpec
+from .config import DataConfig, TaskSpec
 from .records import iter_records
 
 _TEXT_FIELDS = ("instruction", "input", "output", "id", "type")

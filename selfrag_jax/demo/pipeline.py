@@ -10,7 +10,7 @@ what the evidence states and a comparison with the output decides IsSup, beyond 
 -> annotation (the reading critic labels raw instruction-output pairs, the world's and the practice
 people's, with passages retrieved from their corpus) -> generator (fine-tuned on the
 result) -> depth (Self-RAG's retrieval depth K for this generator, chosen on the dev split:
-`demo.choose_depth`) -> exported critic and generator (bfloat16 safetensors, a few MB) and
+`decoding.choose_depth`) -> exported critic and generator (bfloat16 safetensors, a few MB) and
 the depth (decoding.json) for the demo.
 
 Every stage is resumable: a finished stage leaves `<out>/<stage>.done`; an interrupted
@@ -24,8 +24,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from selfrag_jax.bundled import ASSETS, DEPTH_FILE
+from selfrag_jax.demo.decoding import choose_depth
+
 CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "default"
-ASSETS = Path(__file__).resolve().parents[1] / "assets" / "default"
 
 # Budgets: config overrides per stage (`{config_steps}`: the stage config's own num_steps).
 # "full" is what the shipped models were trained with (the configs as they are); "reduced" is
@@ -190,14 +192,11 @@ class Stages:
             with tempfile.TemporaryDirectory() as tok_dir:
                 tok.save(tok_dir)
                 export_hf(params, config, dest / name, meta=meta, tokenizer_dir=tok_dir)
-        from selfrag_jax.demo.demo import DEPTH_FILE
-
         if (self.out / DEPTH_FILE).exists():
             shutil.copyfile(self.out / DEPTH_FILE, dest / DEPTH_FILE)
         return {"dest": str(dest)}
 
     def depth(self):
-        from selfrag_jax.demo.demo import DEPTH_FILE, choose_depth
         from selfrag_jax.utils import atomic_file
 
         info = choose_depth(self.out / "generator", self.out / "world", self.out / "index", self.out / "depth_cache",

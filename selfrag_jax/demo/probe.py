@@ -109,7 +109,7 @@ def reading_accuracy(model_dir: str | Path | tuple, world_dir: str | Path, n: in
     bases fail by attribute: one that read 0.62 overall copied birthplaces, employers and
     occupations (0.99-1.00) but not birth years (0.01: the century's digits, a wrong last one)
     or instruments (0.11: one instrument for all)."""
-    from selfrag_jax.evaluation.metrics import match
+    from selfrag_jax.metrics import match
 
     model = probe_model(model_dir)
     reading, closed, answers, attributes = reading_prompts(world_dir, n, with_attributes=True)
@@ -149,7 +149,7 @@ def relevance_accuracy(model_dir: str | Path | tuple, world_dir: str | Path, n: 
     AUC of T.REFUSAL's first-token probability shows matching before it moves the argmax."""
     import random
 
-    from selfrag_jax.evaluation.metrics import match
+    from selfrag_jax.metrics import match
     from selfrag_jax.world.build import WorldConfig, world_of
     from selfrag_jax.world.generator_data import lookalike_passage
 

@@ -16,19 +16,18 @@ and a citation written after the full stop ("... born in X. [1]", the layout `ge
 writes) is moved before it, so it stays with its own sentence.
 
 Judges: `HFJudge` runs any Hugging Face sequence-classification NLI folder with
-transformers (PyTorch, imported only when built); `WorldJudge` is the ground truth of the
-bundled world, so long-form citations can be scored exactly, without a model.
+transformers (PyTorch, imported only when built); the bundled world's exact judge is
+`selfrag_jax.world.judges.WorldJudge`.
 """
 
 from __future__ import annotations
 
-import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, Sequence
 
-from selfrag_jax.evaluation.metrics import remove_citations
+from selfrag_jax.metrics import remove_citations
 
 _TRAILING_CITES = re.compile(r"([.!?])((?:\s*\[\d+\])+)")
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])")
@@ -112,72 +111,3 @@ class HFJudge:
         with self.torch.inference_mode():
             logits = self.model(**batch).logits[0]
         return int(logits.argmax()) == self.entail_id
-
-
-@dataclass
-class WorldJudge:
-    """Ground truth of the bundled world: a premise (one or more "Title: t\\ntext" blocks)
-    entails a sentence when the sentence states at least one fact, every fact it states
-    (an attribute value of any person: place, year, occupation, employer, instrument) is
-    an attribute of a premise passage's person *and* written in that passage, and every
-    person it names in full is one of those persons."""
-
-    people: dict[str, dict[str, Any]]  # person id -> entity record
-    passages: dict[str, tuple[str, str]]  # passage text -> (person id, passage text)
-    values: list[str] = field(default_factory=list)  # every attribute value, longest first
-    names: list[str] = field(default_factory=list)
-
-    ATTRIBUTES = ("birthplace", "birth_year", "occupation", "employer", "instrument")
-
-    @classmethod
-    def from_world(cls, world_dir: str | Path) -> "WorldJudge":
-        world_dir = Path(world_dir)
-        people, by_passage = {}, {}
-        for line in (world_dir / "entities.jsonl").read_text().splitlines():
-            if line.strip():
-                e = json.loads(line)
-                if e.get("type", "person") != "person":
-                    continue  # places and organisations: their names are attribute values
-                people[e["id"]] = e
-                for pid in e.get("passage_ids", []):
-                    by_passage[pid] = e["id"]
-        passages = {}
-        for line in (world_dir / "passages.jsonl").read_text().splitlines():
-            if line.strip():
-                p = json.loads(line)
-                if p["id"] in by_passage:
-                    passages[p["text"].strip()] = (by_passage[p["id"]], p["text"])
-        values = sorted({str(e[a]) for e in people.values() for a in cls.ATTRIBUTES if e.get(a)}, key=len, reverse=True)
-        names = sorted({e["name"] for e in people.values() if e.get("name")}, key=len, reverse=True)
-        return cls(people, passages, values, names)
-
-    def entails(self, premise: str, hypothesis: str) -> bool:
-        evidence = [self.passages[t] for t in self._blocks(premise) if t in self.passages]
-        facts = self._found(self.values, hypothesis)
-        if not evidence or not facts:
-            return False
-        stated = {v for pid, text in evidence for v in self._attrs(pid) if _contains(text, v)}
-        named = set(self._found(self.names, hypothesis))
-        return set(facts) <= stated and named <= {self.people[pid]["name"] for pid, _ in evidence}
-
-    def _attrs(self, pid: str) -> list[str]:
-        return [str(self.people[pid][a]) for a in self.ATTRIBUTES if self.people[pid].get(a)]
-
-    @staticmethod
-    def _blocks(premise: str) -> list[str]:
-        """The passage texts of "Title: t\\ntext" blocks joined by newlines."""
-        parts = re.split(r"(?:^|\n)Title: [^\n]*\n", premise)
-        return [p.strip() for p in parts if p.strip()]
-
-    @staticmethod
-    def _found(vocabulary: Sequence[str], text: str) -> list[str]:
-        found, rest = [], text
-        for v in vocabulary:  # longest first, so "Teshe Works" is not also read as "Teshe"
-            if _contains(rest, v):
-                found.append(v)
-                rest = re.sub(rf"(?<!\w){re.escape(v)}(?!\w)", " ", rest)
-        return found
-
-
-def _contains(text: str, value: str) -> bool:
-    return re.search(rf"(?<!\w){re.escape(value)}(?!\w)", text) is not None

@@ -16,22 +16,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from selfrag_jax.evaluation import metrics as M
+from selfrag_jax import metrics as M
 from selfrag_jax.tokens import REFUSAL
 
 
 @dataclass(frozen=True)
-class TaskSpec:
+class EvalTask:
     kind: str  # short | factcheck | mc | longform | refusal
     citations: str | None = None  # None, "nli" (--nli-model) or "world" (--world)
 
 
-TASKS: dict[str, TaskSpec] = {
-    "popqa": TaskSpec("short"), "triviaqa": TaskSpec("short"), "pubhealth": TaskSpec("factcheck"),
-    "arc_c": TaskSpec("mc"), "asqa": TaskSpec("longform", "nli"),
-    "world_qa": TaskSpec("short"), "world_noretrieval": TaskSpec("short"),
-    "world_factcheck": TaskSpec("factcheck"), "world_mc": TaskSpec("mc"),
-    "world_longform": TaskSpec("longform", "world"), "world_unanswerable": TaskSpec("refusal"),
+TASKS: dict[str, EvalTask] = {
+    "popqa": EvalTask("short"), "triviaqa": EvalTask("short"), "pubhealth": EvalTask("factcheck"),
+    "arc_c": EvalTask("mc"), "asqa": EvalTask("longform", "nli"),
+    "world_qa": EvalTask("short"), "world_noretrieval": EvalTask("short"),
+    "world_factcheck": EvalTask("factcheck"), "world_mc": EvalTask("mc"),
+    "world_longform": EvalTask("longform", "world"), "world_unanswerable": EvalTask("refusal"),
 }
 
 
@@ -74,7 +74,7 @@ def _judge(args: argparse.Namespace, error: type[Exception]):
 
         return HFJudge(args.nli_model)
     if spec.citations == "world" and args.world:
-        from selfrag_jax.evaluation.citations import WorldJudge
+        from selfrag_jax.world.judges import WorldJudge
 
         if not (Path(args.world) / "entities.jsonl").exists():
             raise error(f"{args.world}: no entities.jsonl (not a world folder)")
@@ -155,7 +155,7 @@ def evaluate(task: str, preds: list[dict], gold: list[dict] | None = None, judge
     return result, rows
 
 
-def score_item(spec: TaskSpec, pred: dict, gold: dict) -> dict[str, Any]:
+def score_item(spec: EvalTask, pred: dict, gold: dict) -> dict[str, Any]:
     text = prediction_text(pred)
     answers = gold_answers(spec, gold)
     row = {"id": pred.get("id", gold.get("id")), "match": M.match(text, answers),
@@ -169,7 +169,7 @@ def score_item(spec: TaskSpec, pred: dict, gold: dict) -> dict[str, Any]:
     return row
 
 
-def gold_answers(spec: TaskSpec, gold: dict) -> list[str]:
+def gold_answers(spec: EvalTask, gold: dict) -> list[str]:
     if spec.kind == "mc":
         return M.arc_gold(gold)
     if spec.kind == "refusal":

@@ -1,84 +1,93 @@
 """Re-rank a `generate --cache` under a whole grid of settings at once, in JAX.
 
 Why: every setting of the paper's ablations (weights, threshold and its rule, sequence
-score, hard constraints -- Fig. 3) only changes which cached candidate wins, so a grid of
-10,000 settings costs a few array passes instead of 10,000 decoding runs. So does the
-retrieval depth: each candidate is decoded from its own passage, so `ndocs=K` (each
-question's first K cached candidates, the retriever's top K) re-ranks what `generate
---ndocs K` would decode.
+score, hard constraints -- Fig. 3) and of this project's refusal bar only changes which
+cached candidate wins, so a grid of 10,000 settings costs a few array passes instead of
+10,000 decoding runs. So does the retrieval depth: each candidate is decoded from its own
+passage, so `ndocs=K` (each question's first K cached candidates, the retriever's top K)
+re-ranks what `generate --ndocs K` would decode.
 
-Layout: questions padded to K candidates (`valid` masks the padding); per candidate the
-host precomputes exp(seq), rel, sup and use in float64 exactly as `scoring` does, whether
-IsRel/IsSup labels trip the hard constraints, whether its text `match`es the gold, and (for
-closed-set tasks) the id of its normalised answer, so the device only adds, masks and takes
-arg-maxes. Retrieval decisions depend on (mode, rule, threshold) alone: the host evaluates
-each distinct one with `scoring.decide_retrieve` (float64, the same comparison `generate`
-makes) and the kernel gathers rows of that table; the retriever prior (a softmax over the
-kept candidates, not linear in its temperature) is tabled the same way per distinct
-(temperature, ndocs). Arrays are [Q, K, G] with the grid last; the grid axis is sharded
-over a 1-D mesh of the local devices, in chunks that bound memory.
-With several processes each takes a contiguous share of the grid; process 0 gathers.
-Choices follow `scoring.choose`: first index wins ties, closed sets sum final scores per
-answer (a segment sum over host-computed answer ids) and break exact ties by the answer
-seen first among kept candidates. Scores are float32 on the device (float64 on the host),
-so only near-ties closer than ~1e-7 could rank differently.
+The choice is `candidates.choose`'s own formula (`scoring.combine`, `candidates.keep_mask`,
+`candidates.select`) with the grid as a trailing axis: the cache's table padded to [Q, K],
+per candidate exp(seq), rel, sup and use precomputed on the host in float64 as `choose`
+computes them, so the device only adds, masks and takes arg-maxes ([Q, K, G] arrays, the
+grid axis sharded over a 1-D mesh of the local devices, in chunks that bound memory).
+What is not linear in a grid value is tabled on the host per distinct value, in float64
+like `choose`: the retrieval decisions per (mode, rule, threshold), the retriever prior per
+(temperature, depth), the support bar per (rel, sup threshold). With several processes each
+takes a contiguous share of the grid; process 0 gathers. Scores are float32 on the device,
+so only near-ties closer than ~1e-7 could rank differently from `choose`.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
 from selfrag_jax.inference import scoring
-from selfrag_jax.inference.cache import SweepCache, retriever_probs
+from selfrag_jax.inference.cache import SweepCache
+from selfrag_jax.inference.candidates import ChoiceOptions, Table, candidate_scores, keep_mask, retriever_probs, select
+from selfrag_jax.inference.scoring import Hard, RefuseOptions, RetrieveOptions, ScoreOptions
 
-# key -> (default, kind); the order is the CSV's column order and the grid's nesting order.
-PARAMS: dict[str, tuple[Any, str]] = {
-    "mode": ("adaptive", "choice"), "rule": ("paper", "choice"), "threshold": (0.2, "float"),
-    "seqscore": ("on", "choice"), "hard": ("none", "choice"), "ndocs": (0, "int"),
-    "w_rel": (1.0, "float"), "w_sup": (1.0, "float"), "w_use": (0.5, "float"),
-    "w_ret": (0.0, "float"), "ret_temperature": (0.05, "float"),
-}
-CHOICES = {"mode": scoring.MODES, "rule": scoring.THRESHOLD_RULES, "seqscore": ("on", "off"),
-           "hard": ("none", "no_support", "irrelevant", "both")}
+_RETRIEVE, _SCORE, _REFUSE = RetrieveOptions(), ScoreOptions(), RefuseOptions()
+ON_OFF = ("on", "off")
 
 
 # --- the grid -------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Config:
-    mode: str = "adaptive"
-    rule: str = "paper"
-    threshold: float = 0.2
-    seqscore: str = "on"
-    hard: str = "none"
-    ndocs: int = 0  # retrieval depth: each question's first K cached candidates (0: all of them)
-    w_rel: float = 1.0
-    w_sup: float = 1.0
-    w_use: float = 0.5
-    w_ret: float = 0.0
-    ret_temperature: float = 0.05
+    """One setting of the choice as a flat CSV row; the defaults are the option dataclasses'
+    (`generate`'s), and the field order is the CSV's column order and the grid's nesting."""
 
-    def options(self) -> tuple[scoring.RetrieveOptions, scoring.ScoreOptions]:
+    mode: str = _RETRIEVE.mode
+    rule: str = _RETRIEVE.rule
+    threshold: float = _RETRIEVE.threshold
+    seqscore: str = ON_OFF[not _SCORE.seqscore]
+    hard: str = _SCORE.hard.value
+    ndocs: int = 0  # retrieval depth: each question's first K cached candidates (0: all of them)
+    w_rel: float = _SCORE.w_rel
+    w_sup: float = _SCORE.w_sup
+    w_use: float = _SCORE.w_use
+    w_ret: float = _SCORE.w_ret
+    ret_temperature: float = _SCORE.ret_temperature
+    refuse: str = ON_OFF[not _REFUSE.enabled]
+    refuse_rel_threshold: float = _REFUSE.rel_threshold
+    refuse_sup_threshold: float = _REFUSE.sup_threshold
+
+    def options(self, task: str = "open", refusal_message: str = _REFUSE.message) -> ChoiceOptions:
         """The `generate` options this configuration stands for."""
-        return (scoring.RetrieveOptions(self.mode, self.threshold, self.rule),
-                scoring.ScoreOptions(self.w_rel, self.w_sup, self.w_use, self.seqscore == "on",
-                                     self.hard in ("no_support", "both"), self.hard in ("irrelevant", "both"),
-                                     self.w_ret, self.ret_temperature))
+        return ChoiceOptions(
+            task=task, ndocs=self.ndocs,
+            retrieve=RetrieveOptions(mode=self.mode, threshold=self.threshold, rule=self.rule),
+            score=ScoreOptions(w_rel=self.w_rel, w_sup=self.w_sup, w_use=self.w_use, seqscore=self.seqscore == "on",
+                               hard=Hard(self.hard), w_ret=self.w_ret, ret_temperature=self.ret_temperature),
+            refuse=RefuseOptions(enabled=self.refuse == "on", rel_threshold=self.refuse_rel_threshold,
+                                 sup_threshold=self.refuse_sup_threshold, message=refusal_message))
 
     def generate_flags(self) -> list[str]:
         flags = ["--mode", self.mode, "--threshold-rule", self.rule, "--threshold", repr(self.threshold),
                  "--w-rel", repr(self.w_rel), "--w-sup", repr(self.w_sup), "--w-use", repr(self.w_use),
-                 "--w-ret", repr(self.w_ret), "--ret-temperature", repr(self.ret_temperature)]
+                 "--w-ret", repr(self.w_ret), "--ret-temperature", repr(self.ret_temperature),
+                 "--refuse" if self.refuse == "on" else "--no-refuse",
+                 "--refuse-rel-threshold", repr(self.refuse_rel_threshold),
+                 "--refuse-sup-threshold", repr(self.refuse_sup_threshold)]
         flags += ["--ndocs", str(self.ndocs)] if self.ndocs else []
         flags += ["--no-seqscore"] if self.seqscore == "off" else []
-        flags += ["--drop-no-support"] if self.hard in ("no_support", "both") else []
-        flags += ["--drop-irrelevant"] if self.hard in ("irrelevant", "both") else []
+        flags += ["--drop-no-support"] if Hard(self.hard).drops_no_support else []
+        flags += ["--drop-irrelevant"] if Hard(self.hard).drops_irrelevant else []
         return flags
+
+
+CHOICES = {"mode": scoring.MODES, "rule": scoring.THRESHOLD_RULES, "seqscore": ON_OFF,
+           "hard": tuple(h.value for h in Hard), "refuse": ON_OFF}
+# key -> (default, kind), from Config's fields
+PARAMS: dict[str, tuple[Any, str]] = {f.name: (f.default, "choice" if f.name in CHOICES else f.type)
+                                      for f in fields(Config)}
 
 
 def parse_grid(spec: str) -> dict[str, list]:
@@ -155,21 +164,23 @@ def expand(grid: dict[str, list]) -> list[Config]:
 # --- host-side preparation ------------------------------------------------------------
 @dataclass
 class Prepared:
-    """The cache as padded [Q, K] arrays, plus what the metric needs."""
+    """The cache's table padded to [Q, K], plus what the metric needs."""
 
     seq_exp: np.ndarray
     rel: np.ndarray
     sup: np.ndarray
     use: np.ndarray
     valid: np.ndarray  # bool: a real candidate (not padding)
-    rows: np.ndarray  # int: the cache row of each [Q, K] cell (0 in padding)
     irrelevant: np.ndarray  # bool: generated [Irrelevant]
     no_support: np.ndarray  # bool: generated [No support / Contradictory]
     answer_id: np.ndarray  # int32: id of the candidate's normalised answer within its question
     match: np.ndarray  # float32: the candidate's text matches the gold
     match_nr: np.ndarray  # float32 [Q]: the no-retrieval answer matches
+    match_refusal: np.ndarray  # float32 [Q]: the refusal message matches (a gold answer could be it)
     has_candidates: np.ndarray  # bool [Q]
     closed: bool
+    table: Table = field(repr=False)
+    parts: dict[str, np.ndarray] = field(repr=False)  # [C] float64 `candidate_scores` (the bar compares them)
     cache: SweepCache = field(repr=False)
 
     @property
@@ -180,76 +191,64 @@ class Prepared:
 def prepare(cache: SweepCache, task: str | None = None) -> Prepared:
     """Pad the cache to [Q, K] and precompute everything that does not depend on the grid.
     `task` names the eval task whose gold rules the metric uses (default: the cache's)."""
-    a, gen_task = cache.arrays, cache.meta["task"]
-    q_n = len(cache.questions)
-    counts = a["q_cand_count"].astype(np.int64)
-    k_n = max(int(counts.max(initial=0)), 1)
-    rows = a["q_cand_start"][:, None] + np.arange(k_n)[None, :]
-    valid = np.arange(k_n)[None, :] < counts[:, None]
-    rows = np.where(valid, rows, 0)
-    if len(a["c_seq"]) == 0:
-        rows = np.zeros_like(rows)
+    from selfrag_jax.metrics import match as released_match
 
-    def padded(values: np.ndarray, fill=0) -> np.ndarray:
-        return _gather(values, rows, valid, fill)
-
-    sup = scoring.sup_score(a["c_sup_probs"], a["c_sup_found"])
-    use = scoring.use_score(a["c_use_probs"], a["c_use_found"])
-    answers_of = _gold_rule(task or gen_task)
-    match, match_nr, answer_id = np.zeros((q_n, k_n), np.float32), np.zeros(q_n, np.float32), np.zeros((q_n, k_n), np.int32)
-    from selfrag_jax.evaluation.metrics import match as released_match
-
+    table = cache.table()
+    parts = candidate_scores(table, ScoreOptions())  # weights do not matter here: the parts do
+    q_n, k_n = table.n_questions, table.width
+    answers_of, message = _gold_rule(task or cache.task), cache.refuse_options().message
+    match, match_nr, match_refusal = np.zeros((q_n, k_n), np.float32), np.zeros(q_n, np.float32), np.zeros(q_n, np.float32)
     for q, line in enumerate(cache.questions):
         gold = answers_of(line)
-        match_nr[q] = released_match(line["no_retrieval"]["text"], gold)
-        ids: dict[str, int] = {}
+        match_nr[q], match_refusal[q] = released_match(line["no_retrieval"]["text"], gold), released_match(message, gold)
         for k, cand in enumerate(line["candidates"]):
             match[q, k] = released_match(cand["text"], gold)
-            answer_id[q, k] = ids.setdefault(cand["norm"], len(ids))
+    pad = lambda values, fill=0.0: table.padded(values, fill)  # noqa: E731
     return Prepared(
-        seq_exp=padded(np.exp(a["c_seq"].astype(np.float64))).astype(np.float32),
-        rel=padded(a["c_rel"].astype(np.float64)).astype(np.float32),
-        sup=padded(sup).astype(np.float32), use=padded(use).astype(np.float32), valid=valid, rows=rows,
-        irrelevant=padded(a["c_rel_label"] == scoring.IRRELEVANT, False),
-        no_support=padded(a["c_sup_label"] == scoring.NO_SUPPORT, False),
-        answer_id=answer_id, match=match, match_nr=match_nr, has_candidates=counts > 0,
-        closed=gen_task in scoring.CLOSED_TASKS, cache=cache)
-
-
-def _gather(values: np.ndarray, rows: np.ndarray, valid: np.ndarray, fill=0) -> np.ndarray:
-    """Per-candidate `values` [C] as padded [Q, K] (`fill` in padding)."""
-    values = np.asarray(values)
-    if len(values) == 0:
-        return np.full(valid.shape, fill, values.dtype)
-    return np.where(valid, values[rows], fill)
+        seq_exp=pad(np.exp(parts["seq"])).astype(np.float32), rel=pad(parts["rel"]).astype(np.float32),
+        sup=pad(parts["sup"]).astype(np.float32), use=pad(parts["use"]).astype(np.float32), valid=table.grid()[1],
+        irrelevant=pad(table.rel_label == scoring.IRRELEVANT, False),
+        no_support=pad(table.sup_label == scoring.NO_SUPPORT, False), answer_id=pad(table.answer, 0),
+        match=match, match_nr=match_nr, match_refusal=match_refusal, has_candidates=table.cand_count > 0,
+        closed=cache.task in scoring.CLOSED_TASKS, table=table, parts=parts, cache=cache)
 
 
 def _gold_rule(task: str) -> Callable[[dict], list[str]]:
     """Gold answers of a cache line under the eval task's rules (`eval`'s TASKS)."""
-    from selfrag_jax.evaluation.evaluate import TASKS, TaskSpec, gold_answers
+    from selfrag_jax.evaluation.evaluate import TASKS, EvalTask, gold_answers
 
-    spec = TASKS.get(task) or {"fever": TaskSpec("factcheck"), "arc_c": TaskSpec("mc")}.get(task, TaskSpec("short"))
+    spec = TASKS.get(task) or {"fever": EvalTask("factcheck"), "arc_c": EvalTask("mc")}.get(task, EvalTask("short"))
     return lambda line: gold_answers(spec, line)
 
 
-def decision_table(prep: Prepared, configs: list[Config]) -> tuple[np.ndarray, np.ndarray]:
-    """([D, Q] bool retrieve decisions of each distinct (mode, rule, threshold), [G] row per config)."""
-    a = prep.cache.arrays
-    keys = [(c.mode, c.rule, c.threshold) for c in configs]
+def _tabled(configs: list[Config], key, make) -> tuple[np.ndarray, np.ndarray]:
+    """([D, ...] `make(k)` stacked for each distinct `key(config)`, [G] row of each config)."""
+    keys = [key(c) for c in configs]
     distinct = list(dict.fromkeys(keys))
-    table = np.stack([scoring.decide_retrieve(a["q_retrieve_logprobs"], a["q_greedy_retrieval"],
-                                              scoring.RetrieveOptions(m, t, r)) for m, r, t in distinct])
     index = {k: i for i, k in enumerate(distinct)}
-    return table & prep.has_candidates[None, :], np.array([index[k] for k in keys], np.int32)
+    return np.stack([make(k) for k in distinct]), np.array([index[k] for k in keys], np.int32)
+
+
+def decision_table(prep: Prepared, configs: list[Config]) -> tuple[np.ndarray, np.ndarray]:
+    """[D, Q] retrieve decisions of each distinct (mode, rule, threshold), as `choose` decides."""
+    t = prep.table
+    return _tabled(configs, lambda c: (c.mode, c.rule, c.threshold), lambda k: scoring.decide_retrieve(
+        t.retrieve_logprobs, t.greedy_retrieval, RetrieveOptions(mode=k[0], rule=k[1], threshold=k[2])))
 
 
 def prior_table(prep: Prepared, configs: list[Config]) -> tuple[np.ndarray, np.ndarray]:
-    """([T, Q, K] `scoring.retriever_prob` of each distinct (temperature, depth), [G] row per
-    config), on the host in float64 like the decisions: the softmax is the one non-linear score."""
-    keys = list(dict.fromkeys((c.ret_temperature, c.ndocs) for c in configs))
-    table = np.stack([_gather(retriever_probs(prep.cache, t, n), prep.rows, prep.valid, 0.0) for t, n in keys])
-    index = {k: i for i, k in enumerate(keys)}
-    return table.astype(np.float32), np.array([index[c.ret_temperature, c.ndocs] for c in configs], np.int32)
+    """[T, Q, K] retriever prior of each distinct (temperature, depth): the one non-linear score."""
+    table, index = _tabled(configs, lambda c: (c.ret_temperature, c.ndocs),
+                           lambda k: prep.table.padded(retriever_probs(prep.table, *k), 0.0))
+    return table.astype(np.float32), index
+
+
+def bar_table(prep: Prepared, configs: list[Config]) -> tuple[np.ndarray, np.ndarray]:
+    """[B, Q, K] support bar of each distinct (rel, sup threshold), compared in float64."""
+    t, parts = prep.table, prep.parts
+    return _tabled(configs, lambda c: (c.refuse_rel_threshold, c.refuse_sup_threshold), lambda k: t.padded(
+        scoring.passes_bar(parts["rel"], parts["sup"], t.sup_label, RefuseOptions(rel_threshold=k[0], sup_threshold=k[1])),
+        False))
 
 
 def check_depths(prep: Prepared, configs: list[Config]) -> None:
@@ -261,37 +260,28 @@ def check_depths(prep: Prepared, configs: list[Config]) -> None:
 
 # --- the kernel -----------------------------------------------------------------------
 def _kernel(q: dict, cfg: dict, closed: bool, with_choices: bool):
-    """Per configuration (last axis): metric, retrieval frequency [, chosen, retrieved]."""
-    import jax
+    """Per configuration (last axis): metric, retrieval and refusal rates [, chosen, retrieved, refused]."""
     import jax.numpy as jnp
 
-    q_n, k_n = q["valid"].shape
-    w = cfg["w"]  # [G, 3]
-    final = (q["seq_exp"][..., None] * cfg["seq_on"] + q["rel"][..., None] * w[:, 0]
-             + q["sup"][..., None] * w[:, 1] + q["use"][..., None] * w[:, 2]
-             + jnp.moveaxis(q["priors"][cfg["prior"]], 0, -1) * cfg["w_ret"])  # [Q, K, G]
-    keep = (q["valid"][..., None] & (jnp.arange(k_n)[None, :, None] < cfg["depth"])
-            & ~(q["irrelevant"][..., None] & cfg["drop_irr"])
-            & ~(q["no_support"][..., None] & cfg["drop_nosup"]))
-    if closed:  # sum per answer: segment ids q * K + answer id, grid kept as a trailing axis
-        seg = (jnp.arange(q_n)[:, None] * k_n + q["answer_id"]).reshape(-1)
-        flat = lambda x: x.reshape(q_n * k_n, -1)  # noqa: E731
-        segs = lambda x, op: op(flat(x), seg, num_segments=q_n * k_n).reshape(q_n, k_n, -1)  # noqa: E731
-        totals = segs(jnp.where(keep, final, 0.0), jax.ops.segment_sum)
-        present = segs(keep.astype(jnp.int32), jax.ops.segment_sum) > 0
-        first = segs(jnp.where(keep, jnp.arange(k_n)[None, :, None], k_n), jax.ops.segment_min)
-        best = jnp.max(jnp.where(present, totals, -jnp.inf), axis=1, keepdims=True)
-        winner = jnp.argmin(jnp.where(present & (totals == best), first, k_n + 1), axis=1)  # [Q, G]
-        keep_best = keep & (q["answer_id"][..., None] == winner[:, None, :])
-    else:
-        keep_best = keep
-    chosen = jnp.argmax(jnp.where(keep_best, final, -jnp.inf), axis=1)  # [Q, G]
-    retrieved = q["decisions"][cfg["decision"]].T  # [Q, G]
-    use_candidate = retrieved & keep.any(axis=1)
-    correct = jnp.where(use_candidate, jnp.take_along_axis(q["match"], chosen, axis=1), q["match_nr"][:, None])
-    out = {"metric": correct.mean(axis=0), "retrieval_frequency": retrieved.mean(axis=0)}
+    k_n = q["valid"].shape[1]
+    col = lambda x: x[..., None]  # noqa: E731  [Q, K] -> [Q, K, 1], against the grid axis
+    per_config = lambda table, index: jnp.moveaxis(table[index], 0, -1)  # noqa: E731  [G, Q, ...] -> [Q, ..., G]
+    final = scoring.combine(col(q["seq_exp"]), col(q["rel"]), col(q["sup"]), col(q["use"]),
+                            per_config(q["priors"], cfg["prior"]), cfg["seq_on"], cfg["w_rel"], cfg["w_sup"],
+                            cfg["w_use"], cfg["w_ret"])
+    keep = keep_mask(col(q["valid"]), jnp.arange(k_n)[None, :, None] < cfg["depth"], jnp.zeros((), bool),
+                     col(q["irrelevant"]), col(q["no_support"]), cfg["drop_irr"], cfg["drop_nosup"],
+                     per_config(q["bars"], cfg["bar"]), cfg["refuse"])
+    decided = per_config(q["decisions"], cfg["decision"])  # [Q, G]
+    retrieved = decided & q["has_candidates"][:, None]
+    chosen = jnp.where(retrieved, select(jnp, final, keep, q["answer_id"], closed), -1)
+    refused = cfg["refuse"] & decided & (chosen < 0)
+    correct = jnp.where(chosen >= 0, jnp.take_along_axis(q["match"], jnp.maximum(chosen, 0), axis=1),
+                        jnp.where(refused, q["match_refusal"][:, None], q["match_nr"][:, None]))
+    out = {"metric": correct.mean(axis=0), "retrieval_frequency": retrieved.mean(axis=0),
+           "refusal_rate": refused.mean(axis=0)}
     if with_choices:
-        out.update(chosen=jnp.where(use_candidate, chosen, -1), retrieved=retrieved)
+        out.update(chosen=chosen, retrieved=retrieved, refused=refused)
     return out
 
 
@@ -300,10 +290,16 @@ class SweepResult:
     configs: list[Config]
     metric: np.ndarray  # [G] mean released match
     retrieval_frequency: np.ndarray  # [G]
-    chosen: np.ndarray | None = None  # [G, Q] candidate index, -1: the no-retrieval answer
+    refusal_rate: np.ndarray  # [G]
+    chosen: np.ndarray | None = None  # [G, Q] candidate index, -1: the no-retrieval answer (or a refusal)
     retrieved: np.ndarray | None = None  # [G, Q]
+    refused: np.ndarray | None = None  # [G, Q]
     devices: int = 1
     chunk: int = 0
+
+
+RATES = ("metric", "retrieval_frequency", "refusal_rate")
+CHOICE_ARRAYS = ("chosen", "retrieved", "refused")
 
 
 def run_sweep(prep: Prepared, configs: list[Config], *, with_choices: bool = False, chunk: int | None = None,
@@ -312,51 +308,53 @@ def run_sweep(prep: Prepared, configs: list[Config], *, with_choices: bool = Fal
     import jax
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+    from selfrag_jax.utils import progress as bar
+
     devices = list(devices or jax.local_devices())
     mesh = Mesh(np.array(devices), ("grid",))
     q_n, k_n = prep.shape
     check_depths(prep, configs)
-    table, decision = decision_table(prep, configs)
-    priors, prior = prior_table(prep, configs)
+    (decisions, decision), (priors, prior), (bars, bar_index) = (
+        decision_table(prep, configs), prior_table(prep, configs), bar_table(prep, configs))
     rep = NamedSharding(mesh, P())
     q = {k: jax.device_put(v, rep) for k, v in dict(
         seq_exp=prep.seq_exp, rel=prep.rel, sup=prep.sup, use=prep.use, valid=prep.valid,
-        irrelevant=prep.irrelevant, no_support=prep.no_support, answer_id=prep.answer_id,
-        match=prep.match, match_nr=prep.match_nr, decisions=table, priors=priors).items()}
+        irrelevant=prep.irrelevant, no_support=prep.no_support, answer_id=prep.answer_id, match=prep.match,
+        match_nr=prep.match_nr, match_refusal=prep.match_refusal, has_candidates=prep.has_candidates,
+        decisions=decisions, priors=priors, bars=bars).items()}
     chunk = _chunk_size(chunk, len(configs), q_n * k_n, len(devices))
-    cfg_all = _config_arrays(configs, decision, prior, k_n)
+    cfg_all = _config_arrays(configs, decision, prior, bar_index, k_n)
     shard_g = NamedSharding(mesh, P("grid"))
-    out_shardings = {"metric": shard_g, "retrieval_frequency": shard_g}
+    out_shardings = dict.fromkeys(RATES, shard_g)
     if with_choices:
-        out_shardings.update(chosen=NamedSharding(mesh, P(None, "grid")), retrieved=NamedSharding(mesh, P(None, "grid")))
+        out_shardings.update(dict.fromkeys(CHOICE_ARRAYS, NamedSharding(mesh, P(None, "grid"))))
     step = jax.jit(lambda qq, cc: _kernel(qq, cc, prep.closed, with_choices), out_shardings=out_shardings)
     parts: dict[str, list[np.ndarray]] = {k: [] for k in out_shardings}
-    from selfrag_jax.utils import progress as bar
-
     with bar(total=len(configs), desc="sweep", unit="cfg", disable=None if progress else True) as pbar:
         for start in range(0, len(configs), chunk):
             n = min(chunk, len(configs) - start)
             cfg = {k: jax.device_put(_pad(v[start:start + n], chunk), NamedSharding(mesh, P("grid", *[None] * (v.ndim - 1))))
                    for k, v in cfg_all.items()}
-            out = step(q, cfg)
-            for k, v in out.items():
+            for k, v in step(q, cfg).items():
                 v = np.asarray(v)
                 parts[k].append(v[:n] if v.ndim == 1 else v[:, :n].T)
             pbar.update(n)
     cat = {k: np.concatenate(v) if v else np.zeros(0) for k, v in parts.items()}
-    return SweepResult(configs, cat["metric"], cat["retrieval_frequency"], cat.get("chosen"), cat.get("retrieved"),
-                       len(devices), chunk)
+    return SweepResult(configs, *(cat[k] for k in RATES), *(cat.get(k) for k in CHOICE_ARRAYS),
+                       devices=len(devices), chunk=chunk)
 
 
-def _config_arrays(configs: list[Config], decision: np.ndarray, prior: np.ndarray, k_n: int) -> dict[str, np.ndarray]:
+def _config_arrays(configs: list[Config], decision: np.ndarray, prior: np.ndarray, bar: np.ndarray,
+                   k_n: int) -> dict[str, np.ndarray]:
+    floats = lambda name: np.array([getattr(c, name) for c in configs], np.float32)  # noqa: E731
     return {
         "depth": np.array([c.ndocs or k_n for c in configs], np.int32),
-        "w": np.array([[c.w_rel, c.w_sup, c.w_use] for c in configs], np.float32).reshape(-1, 3),
-        "w_ret": np.array([c.w_ret for c in configs], np.float32), "prior": prior,
+        "w_rel": floats("w_rel"), "w_sup": floats("w_sup"), "w_use": floats("w_use"), "w_ret": floats("w_ret"),
         "seq_on": np.array([c.seqscore == "on" for c in configs], np.float32),
-        "drop_irr": np.array([c.hard in ("irrelevant", "both") for c in configs], bool),
-        "drop_nosup": np.array([c.hard in ("no_support", "both") for c in configs], bool),
-        "decision": decision,
+        "drop_irr": np.array([Hard(c.hard).drops_irrelevant for c in configs], bool),
+        "drop_nosup": np.array([Hard(c.hard).drops_no_support for c in configs], bool),
+        "refuse": np.array([c.refuse == "on" for c in configs], bool),
+        "decision": decision, "prior": prior, "bar": bar,
     }
 
 
@@ -389,17 +387,16 @@ def sweep_all_hosts(prep: Prepared, configs: list[Config], **kwargs) -> SweepRes
         return run_sweep(prep, configs, **kwargs)
     bounds = np.linspace(0, len(configs), n_proc + 1).astype(int)
     mine = run_sweep(prep, configs[bounds[me]:bounds[me + 1]], **kwargs)
-    shares = gather_json({"metric": mine.metric.tolist(), "retrieval_frequency": mine.retrieval_frequency.tolist()})
+    shares = gather_json({k: getattr(mine, k).tolist() for k in RATES})
     if me != 0:
         return None
-    return SweepResult(configs, np.concatenate([np.asarray(s["metric"], np.float32) for s in shares]),
-                       np.concatenate([np.asarray(s["retrieval_frequency"], np.float32) for s in shares]),
+    return SweepResult(configs, *(np.concatenate([np.asarray(s[k], np.float32) for s in shares]) for k in RATES),
                        devices=mine.devices * n_proc, chunk=mine.chunk)
 
 
 def result_rows(result: SweepResult) -> list[dict[str, Any]]:
-    return [{"config": i, **c.__dict__, "metric": float(m), "retrieval_frequency": float(f)}
-            for i, (c, m, f) in enumerate(zip(result.configs, result.metric, result.retrieval_frequency))]
+    return [{"config": i, **c.__dict__, **{k: float(getattr(result, k)[i]) for k in RATES}}
+            for i, c in enumerate(result.configs)]
 
 
 def to_json(obj) -> str:

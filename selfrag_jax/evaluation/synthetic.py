@@ -1,6 +1,6 @@
 """A realistic `--cache` with random scores, for the sweep's tests and benchmark.
 
-Same schema as `inference.cache` (so `load_cache`, `replay` and `sweep` read it): random
+Same schema as `inference.cache` (so `load_cache`, `candidates.choose` and `sweep` read it): random
 retrieve log-probabilities, Dirichlet critique distributions, labels drawn from them, some
 candidates without an IsSup/Utility token, a few questions with fewer candidates, and
 answer texts from a small pool so closed-set aggregation has duplicates to sum.
@@ -50,8 +50,8 @@ def synthetic_cache(n_questions: int, k: int = 5, task: str = "open", seed: int 
         nr = str(rng.choice(pool))
         questions.append({
             "id": str(q), "question": f"question {q}?", "answers": gold,
-            "no_retrieval": {"text": nr, "norm": scoring.normalise_answer(nr, task)},
+            "no_retrieval": {"text": nr, "norm": scoring.answer_group(nr, task)},
             "candidates": [{"passage": {"id": f"{q}:{j}", "title": "t", "text": "p"}, "text": t,
-                            "norm": scoring.normalise_answer(t, task)} for j, t in enumerate(texts)]})
+                            "norm": scoring.answer_group(t, task)} for j, t in enumerate(texts)]})
     meta = {"schema": SCHEMA, "task": task, "options": {}, "groups": {}, "n_questions": n_questions, "n_candidates": c}
     return SweepCache(meta, questions, arrays)

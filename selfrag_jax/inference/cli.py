@@ -16,14 +16,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from selfrag_jax.inference.corrective import QUERY_MODES, CorrectiveOptions
-from selfrag_jax.inference.scoring import (MODES, PIPELINES, THRESHOLD_RULES, RefuseOptions, RetrieveOptions,
+from selfrag_jax.inference.scoring import (MODES, PIPELINES, THRESHOLD_RULES, Hard, RefuseOptions, RetrieveOptions,
                                            ScoreOptions)
 from selfrag_jax.models.config import INFERENCE_DTYPES
-from selfrag_jax.tokens import REFUSAL
 
 # Honest refusal (not in the paper) is on by default only for `open`; the paper's tasks keep
 # the paper's behaviour unless --refuse is given.
 REFUSE_TASKS = ("open",)
+# the flags' defaults are the option dataclasses' (one place for each default)
+RETRIEVE, SCORE, REFUSE, CORRECTIVE = RetrieveOptions(), ScoreOptions(), RefuseOptions(), CorrectiveOptions()
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -39,27 +40,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"(not in the paper; default: on for --task {'/'.join(REFUSE_TASKS)} with selfrag short "
                         "form, off for the paper's tasks)")
     p.add_argument("--no-refuse", dest="refuse", action="store_false")
-    p.add_argument("--max-rounds", type=int, default=1,
+    p.add_argument("--max-rounds", type=int, default=CORRECTIVE.max_rounds,
                    help="corrective re-retrieval: up to this many retrieval rounds when every passage is irrelevant")
     p.add_argument("--cache", metavar="DIR", help="write what `sweep` needs (both paths) to DIR")
 
 
 def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     """Flags `generate` and `compare` share: retrieval, scoring, refusal, re-retrieval."""
-    p.add_argument("--mode", choices=MODES, default="adaptive")
-    p.add_argument("--threshold", type=float, default=0.2, help="delta of the retrieve rule")
-    p.add_argument("--threshold-rule", choices=THRESHOLD_RULES, default="paper",
+    p.add_argument("--mode", choices=MODES, default=RETRIEVE.mode)
+    p.add_argument("--threshold", type=float, default=RETRIEVE.threshold, help="delta of the retrieve rule")
+    p.add_argument("--threshold-rule", choices=THRESHOLD_RULES, default=RETRIEVE.rule,
                    help="paper: ratio of probabilities; released: ratio of raw log-probabilities")
     p.add_argument("--ndocs", type=int, default=5, help="passages per question (K)")
     p.add_argument("--keep-top", type=int, default=0, metavar="M",
                    help="read all K passages, decode only the M with the highest IsRel (0: all K, the paper)")
     p.add_argument("--max-new-tokens", type=int, default=100)
-    p.add_argument("--w-rel", type=float, default=1.0)
-    p.add_argument("--w-sup", type=float, default=1.0)
-    p.add_argument("--w-use", type=float, default=0.5)
-    p.add_argument("--w-ret", type=float, default=0.0,
+    p.add_argument("--w-rel", type=float, default=SCORE.w_rel)
+    p.add_argument("--w-sup", type=float, default=SCORE.w_sup)
+    p.add_argument("--w-use", type=float, default=SCORE.w_use)
+    p.add_argument("--w-ret", type=float, default=SCORE.w_ret,
                    help="weight of the retriever's p(passage|question) in the final score (0: the paper's score)")
-    p.add_argument("--ret-temperature", type=float, default=0.05,
+    p.add_argument("--ret-temperature", type=float, default=SCORE.ret_temperature,
                    help="temperature of that softmax over the question's passages' retriever scores")
     p.add_argument("--no-seqscore", action="store_true", help="leave exp(mean log-prob) out of the final score")
     p.add_argument("--drop-no-support", action="store_true", help="hard constraint: drop [No support] candidates")
@@ -69,14 +70,14 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--beam-width", type=int, default=2)
     p.add_argument("--max-depth", type=int, default=7)
     p.add_argument("--static-passages", action="store_true", help="long form: the same passages at every step")
-    p.add_argument("--refusal-message", default=REFUSAL, help="what a refusal answers")
-    p.add_argument("--refuse-rel-threshold", type=float, default=0.5, help="support bar: rel above this")
-    p.add_argument("--refuse-sup-threshold", type=float, default=0.5, help="support bar: sup above this")
-    p.add_argument("--crag-rel-threshold", type=float, default=0.5,
+    p.add_argument("--refusal-message", default=REFUSE.message, help="what a refusal answers")
+    p.add_argument("--refuse-rel-threshold", type=float, default=REFUSE.rel_threshold, help="support bar: rel above this")
+    p.add_argument("--refuse-sup-threshold", type=float, default=REFUSE.sup_threshold, help="support bar: sup above this")
+    p.add_argument("--crag-rel-threshold", type=float, default=CORRECTIVE.rel_threshold,
                    help="re-retrieve when every passage's rel is below this")
-    p.add_argument("--retry-token-budget", type=int, default=4096,
+    p.add_argument("--retry-token-budget", type=int, default=CORRECTIVE.token_budget,
                    help="tokens (passages + generated) extra rounds may spend per question")
-    p.add_argument("--crag-query", choices=QUERY_MODES, default="keywords",
+    p.add_argument("--crag-query", choices=QUERY_MODES, default=CORRECTIVE.query,
                    help="query of extra rounds: the question, + its entity words, + the model's best answer")
     p.add_argument("--batch-size", type=int, default=8, help="questions per compiled step")
     p.add_argument("--mesh", default=None, metavar="SPEC",
@@ -150,12 +151,14 @@ def options_from_args(args: argparse.Namespace, pipeline: str | None = None, ref
         task=args.task, ndocs=args.ndocs, pipeline=pipeline, trace=args.trace,
         keep_top=(args.keep_top if keep_top is None else keep_top) if pipeline == "selfrag" else 0,
         keep_both_paths=bool(getattr(args, "cache", None)),
-        retrieve=RetrieveOptions(args.mode, args.threshold, args.threshold_rule),
-        score=ScoreOptions(args.w_rel, args.w_sup, args.w_use, not args.no_seqscore,
-                           args.drop_no_support, args.drop_irrelevant, args.w_ret, args.ret_temperature),
-        refuse=RefuseOptions(bool(refuse), args.refuse_rel_threshold, args.refuse_sup_threshold, args.refusal_message),
-        corrective=CorrectiveOptions(max_rounds or args.max_rounds, args.crag_rel_threshold,
-                                     args.retry_token_budget, args.crag_query),
+        retrieve=RetrieveOptions(mode=args.mode, threshold=args.threshold, rule=args.threshold_rule),
+        score=ScoreOptions(w_rel=args.w_rel, w_sup=args.w_sup, w_use=args.w_use, seqscore=not args.no_seqscore,
+                           hard=Hard.of(args.drop_no_support, args.drop_irrelevant), w_ret=args.w_ret,
+                           ret_temperature=args.ret_temperature),
+        refuse=RefuseOptions(enabled=bool(refuse), rel_threshold=args.refuse_rel_threshold,
+                             sup_threshold=args.refuse_sup_threshold, message=args.refusal_message),
+        corrective=CorrectiveOptions(max_rounds=max_rounds or args.max_rounds, rel_threshold=args.crag_rel_threshold,
+                                     token_budget=args.retry_token_budget, query=args.crag_query),
         beam_width=args.beam_width, max_depth=args.max_depth, static_passages=args.static_passages)
 
 

@@ -1,6 +1,7 @@
 """Greedy decoding with the KV cache: ragged prefill, then a compiled loop, no host sync.
 
-The primitive under the Self-RAG engine and the `never retrieve` path. Prompts of different
+Plain generation for the critic (`annotate`) and the probes; the Self-RAG engine
+(`engine.py`) has its own compiled segment step and shares only `pad_batch`. Prompts of different
 lengths share one prefill call (right-padded, each row writes its own length into the
 cache); the loop runs inside `lax.while_loop` until every row has emitted a stop token or
 the step budget is spent.

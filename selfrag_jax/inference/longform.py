@@ -25,7 +25,8 @@ from selfrag_jax import tokens as T
 from selfrag_jax.inference import scoring
 from selfrag_jax.inference.engine import Engine
 from selfrag_jax.inference.items import Item, passage
-from selfrag_jax.inference.selfrag import PASSAGE_MARKERS, GenerateOptions, RetrieveFn, Row, ShortForm, candidate_scores, fill_rows
+from selfrag_jax.inference.candidates import Row, Table, candidate_scores
+from selfrag_jax.inference.selfrag import PASSAGE_MARKERS, GenerateOptions, RetrieveFn, ShortForm, fill_rows
 
 
 @dataclass
@@ -131,13 +132,14 @@ class LongForm:
         return self.tok.control_id(T.CONTINUE_EVIDENCE if prefer_continue else T.NO_RETRIEVAL)
 
     def _children(self, rows: list[Row], parents: list, docs) -> dict[int, list[Beam]]:
-        scores = candidate_scores(rows, self.opts.score, groups=[id(beam) for _, beam in parents])
+        # one table group per parent beam: the retriever prior is over the passages it was given
+        groups: dict[int, list[Row]] = {}
+        for row, (_, beam) in zip(rows, parents):
+            groups.setdefault(id(beam), []).append(row)
+        scores = candidate_scores(Table.from_rows(list(groups.values()), self.opts.task), self.opts.score)
         out: dict[int, list[Beam]] = {}
         for n, (row, (q, parent)) in enumerate(zip(rows, parents)):
             seg_scores = {k: float(v[n]) for k, v in scores.items()}
-            if row.passage is None:  # nothing to judge relevance or support against
-                seg_scores.update(rel=0.0, sup=0.0)
-                seg_scores["final"] = float(scoring.final_score(row.seq, 0.0, 0.0, seg_scores["use"], self.opts.score))
             ids = row.ids
             ends_open = bool(ids) and ids[-1] in self.tok.retrieve_ids  # the next level decides that token
             kept = ids[:-1] if ends_open else ids

@@ -8,28 +8,19 @@ time. The first batches include compilation. Tokens are real (unpadded) tokens t
 ran: prompts and passages prefilled, tokens generated.
 
 Quality (when the input carries the ground truth): accuracy is the released `match` (any
-gold answer a case-sensitive substring of the prediction), computed here so this package
-needs nothing from `evaluation`; refusal accuracy counts a record right when it was refused
+gold answer a case-sensitive substring of the prediction, `selfrag_jax.metrics`); refusal accuracy counts a record right when it was refused
 exactly when it is marked `"answerable": false`; faithfulness is the share of answers
 (not refusals, with a passage) that a judge finds supported by their passage(s).
 """
 
 from __future__ import annotations
 
-import json
-import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol, Sequence
 
 import numpy as np
 
-
-def match(prediction: str, answers: Sequence[str]) -> bool:
-    """The released short-form `match`, with its quirks (selfrag_jax.evaluation.metrics)."""
-    from selfrag_jax.evaluation.metrics import match as released_match
-
-    return bool(released_match(prediction, answers))
+from selfrag_jax.metrics import match
 
 
 def cost_report(records: list[dict[str, Any]], latencies: Sequence[float], tokens, batch_size: int,
@@ -68,43 +59,6 @@ class EntailmentJudge:
     def supported(self, record: dict[str, Any], prediction: str, passages: list[dict[str, str]]) -> bool | None:
         premise = "\n".join(f"Title: {p.get('title', '')}\n{p['text']}" for p in passages)
         return bool(self.model.entails(premise, prediction))
-
-
-@dataclass
-class WorldFactJudge:
-    """The bundled world's ground truth: an answer to a question about attribute a of a
-    person is supported when a passage belongs to an entity whose value of a is in the
-    answer, and the passage states that value. Records without `meta.attributes` (fact
-    checks, no-retrieval tasks) are not judged."""
-
-    entities: dict[str, dict[str, Any]]  # passage id -> the entity record it belongs to
-
-    @classmethod
-    def from_world(cls, world_dir: str | Path) -> "WorldFactJudge":
-        path = Path(world_dir) / "entities.jsonl"
-        if not path.exists():
-            raise FileNotFoundError(f"{world_dir}: no entities.jsonl (a bundled-world folder)")
-        entities = {}
-        for line in path.read_text(encoding="utf-8").splitlines():
-            if line.strip():
-                e = json.loads(line)
-                entities.update({pid: e for pid in e.get("passage_ids", [])})
-        return cls(entities)
-
-    def supported(self, record: dict[str, Any], prediction: str, passages: list[dict[str, str]]) -> bool | None:
-        attributes = (record.get("meta") or {}).get("attributes") or []
-        if not attributes or not prediction:
-            return None
-        for p in passages:
-            entity = self.entities.get(str(p.get("id")))
-            values = [str(entity[a]) for a in attributes if entity and entity.get(a) is not None]
-            if values and all(_contains(prediction, v) and _contains(p["text"], v) for v in values):
-                return True
-        return False
-
-
-def _contains(text: str, value: str) -> bool:
-    return re.search(rf"(?<!\w){re.escape(value)}(?!\w)", text) is not None
 
 
 def used_passages(record: dict[str, Any]) -> list[dict[str, str]]:

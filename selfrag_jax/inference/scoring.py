@@ -8,6 +8,7 @@ IsSup (Fully, Partially, No support), IsUse (Utility:1..5).
 
 from __future__ import annotations
 
+import enum
 import re
 from dataclasses import dataclass
 
@@ -39,9 +40,32 @@ class RetrieveOptions:
             raise ValueError(f"threshold rule {self.rule!r} is not one of {THRESHOLD_RULES}")
 
 
+class Hard(str, enum.Enum):
+    """Hard constraints: candidates whose generated IsSup / IsRel token is dropped before choosing."""
+
+    NONE = "none"
+    NO_SUPPORT = "no_support"  # [No support / Contradictory]
+    IRRELEVANT = "irrelevant"  # [Irrelevant]
+    BOTH = "both"
+
+    @classmethod
+    def of(cls, no_support: bool, irrelevant: bool) -> "Hard":
+        return {(False, False): cls.NONE, (True, False): cls.NO_SUPPORT, (False, True): cls.IRRELEVANT,
+                (True, True): cls.BOTH}[bool(no_support), bool(irrelevant)]
+
+    @property
+    def drops_no_support(self) -> bool:
+        return self in (Hard.NO_SUPPORT, Hard.BOTH)
+
+    @property
+    def drops_irrelevant(self) -> bool:
+        return self in (Hard.IRRELEVANT, Hard.BOTH)
+
+
 @dataclass(frozen=True)
 class ScoreOptions:
-    """Weights of the critique scores (paper: 1.0 / 1.0 / 0.5) and the hard constraints.
+    """Weights of the critique scores (paper: 1.0 / 1.0 / 0.5), whether exp(mean log-prob) is
+    added (`seqscore`), and the hard constraints.
 
     `w_ret` (beyond the paper, 0 = the paper's score) adds the retriever's own probability of
     each passage, p(d|x) = softmax(score / `ret_temperature`) over the question's candidates,
@@ -52,13 +76,15 @@ class ScoreOptions:
     w_rel: float = 1.0
     w_sup: float = 1.0
     w_use: float = 0.5
-    use_seqscore: bool = True
-    drop_no_support: bool = False
-    drop_irrelevant: bool = False
+    seqscore: bool = True
+    hard: Hard = Hard.NONE
     w_ret: float = 0.0
     ret_temperature: float = 0.05
 
     def __post_init__(self):
+        if self.hard not in tuple(h.value for h in Hard):
+            raise ValueError(f"hard constraint {self.hard!r} is not one of {[h.value for h in Hard]}")
+        object.__setattr__(self, "hard", Hard(self.hard))
         if not self.ret_temperature > 0:
             raise ValueError(f"ret_temperature must be positive, got {self.ret_temperature}")
 
@@ -134,22 +160,18 @@ def retriever_prob(scores, temperature: float) -> np.ndarray:
     return e / e.sum()
 
 
+def combine(seq_exp, rel, sup, use, ret, seq_on, w_rel, w_sup, w_use, w_ret):
+    """The final score's formula, for numpy or jax.numpy arrays that broadcast (the sweep passes
+    a grid of weights on the last axis): exp(seq) (if on) + w_rel rel + w_sup sup + w_use use + w_ret ret."""
+    return seq_exp * seq_on + w_rel * rel + w_sup * sup + w_use * use + w_ret * ret
+
+
 def final_score(seq: np.ndarray, rel: np.ndarray, sup: np.ndarray, use: np.ndarray, opts: ScoreOptions,
                 ret: np.ndarray | float = 0.0) -> np.ndarray:
     """Self-RAG's candidate score; `ret` is `retriever_prob`, weighted by opts.w_ret (0: the paper's score)."""
-    base = np.exp(np.asarray(seq, np.float64)) if opts.use_seqscore else 0.0
-    return (base + opts.w_rel * np.asarray(rel) + opts.w_sup * np.asarray(sup) + opts.w_use * np.asarray(use)
-            + opts.w_ret * np.asarray(ret, np.float64))
-
-
-def allowed(rel_label: np.ndarray, sup_label: np.ndarray, opts: ScoreOptions) -> np.ndarray:
-    """Hard constraints. Labels are group indices of the generated token, -1 if none."""
-    keep = np.ones(np.shape(rel_label), bool)
-    if opts.drop_irrelevant:
-        keep &= np.asarray(rel_label) != IRRELEVANT
-    if opts.drop_no_support:
-        keep &= np.asarray(sup_label) != NO_SUPPORT
-    return keep
+    return combine(np.exp(np.asarray(seq, np.float64)), np.asarray(rel, np.float64), np.asarray(sup, np.float64),
+                   np.asarray(use, np.float64), np.asarray(ret, np.float64), float(opts.seqscore),
+                   opts.w_rel, opts.w_sup, opts.w_use, opts.w_ret)
 
 
 def passes_bar(rel: np.ndarray, sup: np.ndarray, sup_label: np.ndarray, opts: RefuseOptions) -> np.ndarray:
@@ -175,8 +197,8 @@ def refusal_reason(rel: np.ndarray, sup: np.ndarray, sup_label: np.ndarray, opts
     return "no candidate is both relevant and supported"
 
 
-# --- choosing the answer ----------------------------------------------------------------
-def normalise_answer(text: str, task: str = "open") -> str:
+# --- closed-set answers -----------------------------------------------------------------
+def answer_group(text: str, task: str = "open") -> str:
     """The form closed-set aggregation groups by (and `--cache` stores)."""
     t = " ".join(text.strip().split()).lower()
     if task in ("fever", "pubhealth"):
@@ -189,21 +211,3 @@ def normalise_answer(text: str, task: str = "open") -> str:
         if m:
             return m.group(1).upper()
     return t.rstrip(" .!?")
-
-
-def choose(texts: list[str], finals: np.ndarray, keep: np.ndarray, task: str = "open") -> int | None:
-    """Index of the chosen candidate, None if the constraints dropped all of them.
-
-    Open tasks: the best candidate. Closed sets: sum final scores per normalised answer,
-    then the best-scoring candidate of the winning answer."""
-    idx = [i for i in range(len(texts)) if keep[i]]
-    if not idx:
-        return None
-    if task not in CLOSED_TASKS:
-        return max(idx, key=lambda i: finals[i])
-    totals: dict[str, float] = {}
-    for i in idx:
-        key = normalise_answer(texts[i], task)
-        totals[key] = totals.get(key, 0.0) + float(finals[i])
-    best = max(totals, key=totals.get)
-    return max((i for i in idx if normalise_answer(texts[i], task) == best), key=lambda i: finals[i])

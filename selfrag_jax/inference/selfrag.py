@@ -27,6 +27,7 @@ import numpy as np
 
 from selfrag_jax import tokens as T
 from selfrag_jax.inference import corrective, scoring
+from selfrag_jax.inference.candidates import ChoiceOptions, Row, Table, candidate_scores, choose
 from selfrag_jax.inference.corrective import CorrectiveOptions
 from selfrag_jax.inference.engine import ContextState, Engine, Segments
 from selfrag_jax.inference.items import Item, passage
@@ -64,29 +65,14 @@ class GenerateOptions:
             raise ValueError(f"refusal, re-retrieval and keep_top judge with reflection scores: pipeline selfrag, "
                              f"not {self.pipeline}")
 
-
-@dataclass
-class Row:
-    """One decoded candidate: its suffix ids, passage(s), and what the engine returned."""
-
-    suffix: list[int]
-    passage: dict[str, str] | None = None  # None for the no-retrieval row; the first one for naive
-    passages: list[dict[str, str]] | None = None  # naive: every passage in the row
-    dropped: int = 0  # passage tokens cut to fit the model
-    ids: list[int] = field(default_factory=list)
-    seq: float = 0.0
-    rel_probs: np.ndarray = field(default_factory=lambda: np.zeros(2))
-    sup_probs: np.ndarray = field(default_factory=lambda: np.zeros(3))
-    sup_found: bool = False
-    use_probs: np.ndarray = field(default_factory=lambda: np.zeros(5))
-    use_found: bool = False
-    rel_label: int = -1  # index in IsRel of the first generated token, -1 if not an IsRel token
-    text: str = ""
-    pruned: bool = False  # read (rel_probs set) but not decoded: `keep_top` kept better rows
-
     @property
-    def sup_label(self) -> int:
-        return int(np.argmax(self.sup_probs)) if self.sup_found else -1
+    def choice(self) -> ChoiceOptions:
+        """How the answer is chosen. A baseline retrieves always (naive, top1) or never (none)
+        and answers with its one row, whatever the scores."""
+        if self.pipeline != "selfrag":
+            mode = "never" if self.pipeline == "none" else "always"
+            return ChoiceOptions(task=self.task, retrieve=RetrieveOptions(mode=mode))
+        return ChoiceOptions(task=self.task, retrieve=self.retrieve, score=self.score, refuse=self.refuse)
 
 
 @dataclass
@@ -136,8 +122,7 @@ class ShortForm:
         self._decode(state, results, [(i, row) for i, r in enumerate(results) for row in r.rows()])
         if self.opts.corrective.enabled:
             self._correct(state, results)
-        for r in results:
-            self._choose(r)
+        self._choose(results)
         return results
 
     def record(self, r: QuestionResult) -> dict[str, Any]:
@@ -148,13 +133,10 @@ class ShortForm:
         constraints, refusal), without decoding: results of another runner's `run` with the
         same rows, e.g. the paper's score and the retriever prior from one decode. Retrieval
         decisions stay as they were made."""
-        sc = self.opts.score
-        if (sc.drop_irrelevant or sc.drop_no_support) and not self.opts.refuse.enabled and any(
+        if self.opts.score.hard != scoring.Hard.NONE and not self.opts.refuse.enabled and any(
                 r.retrieved and r.no_retrieval is None for r in results):
             raise ValueError("rechoose: hard constraints need the no-retrieval answer, which these results did not decode")
-        for r in results:
-            r.chosen, r.refused, r.refusal_reason = None, False, None
-            self._choose(r)
+        self._choose(results)
 
     def prompt_ids(self, item: Item) -> list[int]:
         ids = self.tok.encode_prompt(item.instruction, item.input)
@@ -176,9 +158,9 @@ class ShortForm:
             r.candidates = [self.passage_row(r.prompt, passage(c, f"{r.item.id}:{j}")) for j, c in enumerate(ctxs)]
             if not r.candidates:
                 r.found_nothing, r.retrieved = r.retrieved, False
-        sc, refuse = self.opts.score, self.opts.refuse.enabled
+        hard, refuse = self.opts.score.hard != scoring.Hard.NONE, self.opts.refuse.enabled
         for r in results:
-            if both or not r.retrieved or ((sc.drop_irrelevant or sc.drop_no_support) and not refuse):
+            if both or not r.retrieved or (hard and not refuse):
                 r.no_retrieval = Row([self.tok.control_id(T.NO_RETRIEVAL)])
 
     def _attach_baseline_rows(self, results: list[QuestionResult]) -> None:
@@ -306,30 +288,15 @@ class ShortForm:
                 "passages": [row.passage["id"] for row in rows], "max_rel": float(rel.max()) if rel.size else 0.0}
 
     # --- the answer --------------------------------------------------------------------
-    def _choose(self, r: QuestionResult) -> None:
-        pipeline, refuse = self.opts.pipeline, self.opts.refuse
-        passing = None
-        if pipeline != "selfrag":
-            r.chosen = 0 if r.candidates else None
-        elif r.retrieved:
-            sc = candidate_scores(r.candidates, self.opts.score)
-            sup_label = np.array([c.sup_label for c in r.candidates])
-            keep = scoring.allowed(np.array([c.rel_label for c in r.candidates]), sup_label, self.opts.score)
-            keep &= ~np.array([c.pruned for c in r.candidates], bool)
-            if refuse.enabled:
-                passing = scoring.passes_bar(sc["rel"], sc["sup"], sup_label, refuse)
-                keep &= passing
-            r.chosen = scoring.choose([c.text for c in r.candidates], sc["final"], keep, self.opts.task)
-        if refuse.enabled and r.chosen is None and (r.retrieved or r.found_nothing):
-            r.refused, r.prediction = True, refuse.message
-            if passing is None:
-                r.refusal_reason = "no passages were found"
-            elif passing.any():
-                r.refusal_reason = "the hard constraints dropped every supported candidate"
+    def _choose(self, results: Sequence[QuestionResult]) -> None:
+        """Every question's answer by `candidates.choose` over the batch's table."""
+        choice = choose(Table.from_results(results, self.opts.task), self.opts.choice)
+        for q, r in enumerate(results):
+            r.chosen, r.refused, r.refusal_reason = choice.index(q), bool(choice.refused[q]), choice.reasons[q]
+            if r.refused:
+                r.prediction = self.opts.refuse.message
             else:
-                r.refusal_reason = scoring.refusal_reason(sc["rel"], sc["sup"], sup_label, refuse)
-            return
-        r.prediction = r.candidates[r.chosen].text if r.chosen is not None else r.no_retrieval.text
+                r.prediction = r.candidates[r.chosen].text if r.chosen is not None else r.no_retrieval.text
 
 
 def fill_rows(rows: list[Row], seg: Segments, tok) -> None:
@@ -362,34 +329,17 @@ def rel_scores(rows: Sequence[Row]) -> np.ndarray:
     return scoring.rel_score(np.array([r.rel_probs for r in rows]).reshape(-1, 2))
 
 
-def candidate_scores(rows: Sequence[Row], opts: ScoreOptions, groups: Sequence | None = None) -> dict[str, np.ndarray]:
-    """seq, rel, sup, use and final per row, as docs/method.md section 5 defines them, and ret,
-    the retriever's probability of the row's passage among the rows of its group (`groups`:
-    a key per row, e.g. the beam it extends; default: all rows are one question's)."""
-    seq = np.array([r.seq for r in rows])
-    rel = rel_scores(rows)
-    sup = scoring.sup_score(np.array([r.sup_probs for r in rows]).reshape(-1, 3), np.array([r.sup_found for r in rows]))
-    use = scoring.use_score(np.array([r.use_probs for r in rows]).reshape(-1, 5), np.array([r.use_found for r in rows]))
-    scores, ret = np.array([scoring.passage_score(r.passage) for r in rows]), np.zeros(len(rows))
-    keys = [0] * len(rows) if groups is None else list(groups)
-    for key in dict.fromkeys(keys):
-        mine = np.array([k == key for k in keys])
-        ret[mine] = scoring.retriever_prob(scores[mine], opts.ret_temperature)
-    return {"seq": seq, "rel": rel, "sup": sup, "use": use, "ret": ret,
-            "final": scoring.final_score(seq, rel, sup, use, opts, ret)}
-
-
 def best_text(r: QuestionResult, opts: ScoreOptions) -> str:
     """The text of the best-scoring candidate so far (the model's own answer)."""
     decoded = [c for c in r.candidates if not c.pruned]
     if not decoded:
         return ""
-    return decoded[int(np.argmax(candidate_scores(decoded, opts)["final"]))].text
+    return decoded[int(np.argmax(candidate_scores(Table.from_rows([decoded], "open"), opts)["final"]))].text
 
 
 def output_record(r: QuestionResult, opts: GenerateOptions) -> dict[str, Any]:
     """The JSON line of `generate` (docs/generate-format.md)."""
-    scores = candidate_scores(r.candidates, opts.score)
+    scores = candidate_scores(Table.from_rows([r.candidates], opts.task), opts.score)
     cands = []
     for j, c in enumerate(r.candidates):
         cand = {"passage": c.passage, "text": c.text,

@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from selfrag_jax.models.config import LlamaConfig
+from selfrag_jax.training.state import TrainState
 
 ITEMS = ("params", "opt_state", "meta")
 
@@ -82,8 +83,6 @@ class CheckpointIO:
 
     def restore_latest(self, abstract_state, shardings):
         """(TrainState placed by `shardings`, meta) for the latest complete step, or None."""
-        from selfrag_jax.training.trainer import TrainState
-
         step = self.latest_step()
         if step is None:
             return None

@@ -30,14 +30,17 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import linen as nn
-from flax import struct
 
 from selfrag_jax import distributed, sharding
+from selfrag_jax.chips import chip_of
+from selfrag_jax.data.pack import BATCH_KEYS
 from selfrag_jax.models.config import LlamaConfig, preset
 from selfrag_jax.models.llama import Llama
+from selfrag_jax.training.checkpointing import CheckpointIO
 from selfrag_jax.training.config import TrainConfig
+from selfrag_jax.training.logging import MetricsLogger
+from selfrag_jax.training.state import TrainState
 
-BATCH_KEYS = ("inputs", "targets", "loss_weights", "segment_ids", "positions")
 BATCH_LOGICAL = ("activation_batch", "activation_length")
 
 
@@ -53,13 +56,6 @@ class DataSource(Protocol):
     def state(self) -> dict[str, Any]: ...
 
     def restore(self, state: dict[str, Any]) -> None: ...
-
-
-class TrainState(struct.PyTreeNode):
-    step: jax.Array
-    params: Any
-    opt_state: Any
-    first_bad_step: jax.Array  # -1, or the first step whose loss was not finite
 
 
 # --------------------------------------------------------------------------------------
@@ -202,12 +198,6 @@ def make_eval_step(cfg: TrainConfig, model_config: LlamaConfig, rules):
 # --------------------------------------------------------------------------------------
 # Hardware accounting
 # --------------------------------------------------------------------------------------
-PEAK_FLOPS = {  # dense bfloat16 FLOP/s per chip, from the vendors' spec sheets
-    "TPU v4": 275e12, "TPU v5 lite": 197e12, "TPU v5e": 197e12, "TPU v5p": 459e12, "TPU v5": 459e12,
-    "TPU v6 lite": 918e12, "TPU v6e": 918e12, "H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12,
-}
-
-
 def measure_matmul_peak(n: int = 1024, repeats: int = 5, dtype=jnp.float32) -> float:
     """Matmul FLOP/s that JAX reaches on the default device (on a CPU: all local cores).
     Random data: products of zeros or ones run faster than real ones on some chips."""
@@ -225,10 +215,9 @@ def measure_matmul_peak(n: int = 1024, repeats: int = 5, dtype=jnp.float32) -> f
 def total_peak_flops(cfg: TrainConfig) -> float:
     if cfg.peak_flops_per_device:
         return cfg.peak_flops_per_device * jax.device_count()
-    kind = jax.devices()[0].device_kind
-    for name, peak in PEAK_FLOPS.items():
-        if name in kind:
-            return peak * jax.device_count()
+    chip = chip_of(jax.devices()[0].device_kind)
+    if chip is not None:
+        return chip.peak_flops * jax.device_count()
     # CPU: virtual devices share the same cores, so the measured peak is the whole machine's.
     return measure_matmul_peak() * jax.process_count()
 
@@ -303,8 +292,6 @@ class Trainer:
 
     # --- run ---------------------------------------------------------------------------
     def fit(self, data: DataSource, num_steps: int, eval_data: DataSource | None = None) -> dict[str, Any]:
-        from selfrag_jax.training.checkpointing import CheckpointIO
-        from selfrag_jax.training.logging import MetricsLogger
 
         cfg = self.cfg
         schedule = make_schedule(cfg, num_steps)

@@ -5,26 +5,26 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .kb import OCCUPATIONS, KnowledgeBase, Person, make_knowledge_base
-from .passages import Passage, make_passages
+from .passages import WorldPassage, make_passages
 
 
 @dataclass
 class World:
     kb: KnowledgeBase
-    passages: list[Passage]
-    by_entity: dict[str, list[Passage]] = field(default_factory=dict, repr=False)
-    by_id: dict[str, Passage] = field(default_factory=dict, repr=False)
+    passages: list[WorldPassage]
+    by_entity: dict[str, list[WorldPassage]] = field(default_factory=dict, repr=False)
+    by_id: dict[str, WorldPassage] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         for p in self.passages:
             self.by_entity.setdefault(p.entity_id, []).append(p)
             self.by_id[p.id] = p
 
-    def passage_with(self, person: Person, attribute: str) -> Passage:
+    def passage_with(self, person: Person, attribute: str) -> WorldPassage:
         """The one passage of `person` that states `attribute` (the gold passage)."""
         return next(p for p in self.by_entity[person.id] if attribute in p.facts)
 
-    def passage_without(self, person: Person, attribute: str) -> Passage | None:
+    def passage_without(self, person: Person, attribute: str) -> WorldPassage | None:
         """A passage of `person` that does not state `attribute` (None for one-passage people)."""
         return next((p for p in self.by_entity[person.id] if attribute not in p.facts), None)
 

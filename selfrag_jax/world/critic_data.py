@@ -29,15 +29,15 @@ from ..tokens import (
 from .core import World
 from .generator_data import lookalike_passage
 from .kb import Person, article
-from .passages import Passage
+from .passages import WorldPassage
 from .tasks import REFUSAL, TaskMaker, claim_text
 
 
-def _ev(p: Passage | None) -> str:
+def _ev(p: WorldPassage | None) -> str:
     return passage_text(p.title, p.text) if p is not None else ""
 
 
-def evidence_answer(passage: Passage, person: Person, attributes: Sequence[str]) -> str:
+def evidence_answer(passage: WorldPassage, person: Person, attributes: Sequence[str]) -> str:
     """What `passage` answers about `attributes` of `person`: the values it states, comma
     separated, or REFUSAL when it states none (a passage about someone else states none)."""
     stated = [passage.facts[a] for a in attributes if passage.entity_id == person.id and a in passage.facts]
@@ -117,7 +117,7 @@ class CriticMaker:
         choice letters and verdicts."""
         t, r, w = self.tasks, self.rng, self.world
 
-        def short(task, p: Person, output: str, shown: Passage) -> tuple[str, str]:
+        def short(task, p: Person, output: str, shown: WorldPassage) -> tuple[str, str]:
             return (issup_input(task.instruction, "", output, _ev(shown)), evidence_answer(shown, p, task.attributes))
 
         if label == PARTIALLY_SUPPORTED:

@@ -19,7 +19,7 @@ from ..tokens import (
 )
 from .core import World
 from .kb import Person
-from .passages import Passage
+from .passages import WorldPassage
 from .tasks import REFUSAL, Task
 
 
@@ -33,7 +33,7 @@ class GeneratorConfig:
     irrelevant_answer: str = "gold"  # "gold" (paper: the output text is fixed) or "refuse"
 
 
-def paragraph(p: Passage) -> str:
+def paragraph(p: WorldPassage) -> str:
     return f"{RETRIEVAL}{PARAGRAPH_OPEN}{passage_text(p.title, p.text)}{PARAGRAPH_CLOSE}"
 
 
@@ -41,7 +41,7 @@ def utility(k: int) -> str:
     return ISUSE_GROUP[k - 1]
 
 
-def lookalike_passage(world: World, person: Person, rng: random.Random, split: str = "train") -> Passage:
+def lookalike_passage(world: World, person: Person, rng: random.Random, split: str = "train") -> WorldPassage:
     """A passage about someone else who shares a first name (preferred), occupation or birthplace."""
     groups = world.kb.lookalikes(person, split)
     if not any(groups.values()) and split != "train":  # a small world; borrowing never leaks held-out people
@@ -53,7 +53,7 @@ def lookalike_passage(world: World, person: Person, rng: random.Random, split: s
 
 
 @dataclass
-class Example:
+class GeneratorExample:
     record: dict
     meta: dict = field(default_factory=dict)
 
@@ -123,16 +123,16 @@ def _longform_output(world: World, task: Task, rng: random.Random, cfg: Generato
     return "".join(parts) + utility(5), {"case": "longform", "segment_cases": cases, "passage_ids": shown_ids}
 
 
-def make_generator_example(world: World, task: Task, rng: random.Random, cfg: GeneratorConfig = GeneratorConfig()) -> Example:
+def make_generator_example(world: World, task: Task, rng: random.Random, cfg: GeneratorConfig = GeneratorConfig()) -> GeneratorExample:
     output, labels = oracle_output(world, task, rng, cfg)
     rec = task.record()
     rec["output"] = output
-    return Example(rec, {**task.meta(), "labels": labels})
+    return GeneratorExample(rec, {**task.meta(), "labels": labels})
 
 
 # --- parsing --------------------------------------------------------------------------
 @dataclass
-class Segment:
+class ParsedSegment:
     retrieve: str
     passage: str | None  # "title\ntext" between <paragraph> and </paragraph>
     isrel: str | None
@@ -142,7 +142,7 @@ class Segment:
 
 @dataclass
 class ParsedOutput:
-    segments: list[Segment]
+    segments: list[ParsedSegment]
     utility: str
 
 
@@ -181,5 +181,5 @@ def parse_output(output: str) -> ParsedOutput:
         text = take()
         if isrel == RELEVANT:
             issup = take(ISSUP_GROUP)
-        segments.append(Segment(retrieve, passage, isrel, text, issup))
+        segments.append(ParsedSegment(retrieve, passage, isrel, text, issup))
     return ParsedOutput(segments, util)

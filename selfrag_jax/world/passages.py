@@ -32,7 +32,7 @@ _GENERIC = (
 
 
 @dataclass(frozen=True)
-class Passage:
+class WorldPassage:
     """One retrievable passage plus the ground truth of what it states (`facts`)."""
 
     id: str
@@ -101,13 +101,13 @@ def person_passages(p: Person, rng: random.Random) -> list[tuple[str, dict[str, 
     ]
 
 
-def make_passages(kb: KnowledgeBase, seed: int) -> list[Passage]:
+def make_passages(kb: KnowledgeBase, seed: int) -> list[WorldPassage]:
     """All passages of the world in a fixed order: people, then places, then organisations."""
     rng = random.Random(seed * 1000003 + 1)
-    out: list[Passage] = []
+    out: list[WorldPassage] = []
 
     def add(title: str, text: str, entity_id: str, facts: dict[str, str]) -> None:
-        out.append(Passage(f"w{len(out):05d}", title, text, entity_id, facts))
+        out.append(WorldPassage(f"w{len(out):05d}", title, text, entity_id, facts))
 
     for p in kb.people:
         for text, facts in person_passages(p, rng):

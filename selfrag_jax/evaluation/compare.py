@@ -125,7 +125,8 @@ def write_predictions(folder: Path, name: str, records: list[dict[str, Any]], re
 
 def make_judge(args: argparse.Namespace):
     """The faithfulness judge the flags ask for, or None."""
-    from selfrag_jax.inference.report import EntailmentJudge, WorldFactJudge
+    from selfrag_jax.inference.report import EntailmentJudge
+    from selfrag_jax.world.judges import WorldFactJudge
 
     if args.world and args.judge:
         raise ValueError("give --world or --judge, not both")

@@ -1,0 +1,10 @@
+"""Where the bundled models live inside the package (`make train-default` writes them, the
+demo and `data preview` read them): critic/, generator/ and the depth chosen for them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ASSETS = Path(__file__).resolve().parent / "assets" / "default"
+# Self-RAG's retrieval depth K chosen for a set of models on the dev split, kept beside them
+DEPTH_FILE = "decoding.json"
