@@ -35,13 +35,27 @@ def demo_inputs(tmp_path):
     return work, models, make_tiny_bert(tmp_path / "bert")
 
 
+def test_demo_models_pair(tmp_path, capsys):
+    from pathlib import Path
+
+    from selfrag_jax.demo.demo import Models
+
+    assert Models.of(Path("m")) == Models(Path("m/generator"), Path("m/critic"), Path("m"))
+    assert Models.of(Path("m"), "g.gguf") == Models(Path("g.gguf"), Path("m/critic"), Path("g.gguf"))  # its own depth
+    assert main(["demo", "--workdir", str(tmp_path / "w"), "--models", str(tmp_path), "--critic", "c"]) == 2
+    assert "no generator" in capsys.readouterr().err and not (tmp_path / "w").exists()
+
+
 @pytest.mark.slow
 def test_demo_fast_variant(tmp_path, capsys):
     work, _, encoder = demo_inputs(tmp_path)
-    rc = main(["demo", "--workdir", str(work), "--models", str(tmp_path / "models"), "--encoder", str(encoder),
+    models = tmp_path / "models"  # named one by one: `demo --generator --critic` evaluates any pair
+    rc = main(["demo", "--workdir", str(work), "--models", str(tmp_path / "nowhere"), "--generator",
+               str(models / "generator"), "--critic", str(models / "critic"), "--encoder", str(encoder),
                "--limit", "4", "--batch-size", "4"])
     assert rc == 0
     report = json.loads((work / "report.json").read_text())
+    assert report["models"] == {"generator": str(models / "generator"), "critic": str(models / "critic")}
     assert set(report["tasks"]) == set(TASKS)
     for rows in report["tasks"].values():
         assert set(rows) == set(SETTINGS)

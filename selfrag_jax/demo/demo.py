@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,10 @@ DEMO_W_RET = 0.1
 def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workdir", default="demo_out", help="where the world, index and report go [demo_out]")
     parser.add_argument("--models", default=None, help="folder with critic/ and generator/ [the bundled models]")
+    parser.add_argument("--generator", default=None, metavar="PATH",
+                        help="evaluate this generator instead of the folder's (checkpoint, HF folder or GGUF file); "
+                             "its depth from its own decoding.json, else the paper's 5")
+    parser.add_argument("--critic", default=None, metavar="PATH", help="measure this critic instead of the folder's")
     parser.add_argument("--limit", type=int, default=0, help="questions per task (0: the defaults, ~750 in all)")
     parser.add_argument("--retrain", action="store_true",
                         help="first rerun the whole pipeline at a reduced budget (~45 min on 2 cores)")
@@ -60,7 +64,22 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the generator's parameters and KV cache [float32]")
 
 
-def evaluate_models(models: Path, world: Path, index: Path, out: Path, limit: int, batch_size: int,
+@dataclass(frozen=True)
+class Models:
+    """The generator and critic the demo evaluates, and the folder whose `decoding.json`
+    holds the depth chosen for that generator."""
+
+    generator: Path
+    critic: Path
+    depth_dir: Path
+
+    @classmethod
+    def of(cls, folder: Path, generator: str | None = None, critic: str | None = None) -> "Models":
+        gen = Path(generator) if generator else folder / "generator"
+        return cls(gen, Path(critic) if critic else folder / "critic", gen if generator else folder)
+
+
+def evaluate_models(models: Models, world: Path, index: Path, out: Path, limit: int, batch_size: int,
                     mesh: str | None = None, dtype: str = "float32") -> dict[str, Any]:
     """Accuracy and retrieval frequency per task and setting, critic agreement, a trace."""
     from selfrag_jax.metrics import match
@@ -68,9 +87,9 @@ def evaluate_models(models: Path, world: Path, index: Path, out: Path, limit: in
     from selfrag_jax.inference.scoring import ScoreOptions
     from selfrag_jax.retrieval.retriever import Retriever
 
-    engine, tok = load_engine(models / "generator", mesh=mesh, dtype=dtype)
+    engine, tok = load_engine(models.generator, mesh=mesh, dtype=dtype)
     retrieve = Retriever.from_dir(index).retrieve
-    ndocs, depth = model_ndocs(models)
+    ndocs, depth = model_ndocs(models.depth_dir)
     options = {
         "selfrag": GenerateOptions(ndocs=ndocs),
         "always_top1": GenerateOptions(ndocs=1, pipeline="top1"),
@@ -117,7 +136,7 @@ def evaluate_models(models: Path, world: Path, index: Path, out: Path, limit: in
                                          for s in ("selfrag", "selfrag_ret", "always_top1")}
             report["gold_passage"] = gold_passage_reading(engine, tok, replace(options["always_top1"], task=task),
                                                           world, items, gold, batch_size, out)
-    report["critic_agreement"], own_issup = critic_agreement(models / "critic", *([max(limit // 5, 10)] if limit else []))
+    report["critic_agreement"], own_issup = critic_agreement(models.critic, *([max(limit // 5, 10)] if limit else []))
     if own_issup is not None:  # a reading critic: its own label, beside the decision
         report["critic_issup_label"] = own_issup
     report["trace"] = trace
@@ -266,10 +285,13 @@ def run_demo(args: argparse.Namespace) -> int:
 
     t0 = time.time()
     work = Path(args.workdir)
+    folder = Path(args.models) if args.models else ASSETS
+    models = Models.of(folder, args.generator, args.critic)
+    for name, path in (("generator", models.generator), ("critic", models.critic)):
+        if not path.exists():
+            raise CLIError(f"{path}: no {name} (give --{name}, or --models with generator/ and critic/; "
+                           "the bundled ones come from `make train-default`)")
     work.mkdir(parents=True, exist_ok=True)
-    models = Path(args.models) if args.models else ASSETS
-    if not (models / "generator" / "config.json").exists():
-        raise CLIError(f"{models}: no bundled models (generator/, critic/); run `make train-default` first")
     stages = Stages(work, encoder=args.encoder)
     stages.stage("world", lambda: stages.world(training=False))  # evaluation reads passages and eval sets only
     stages.stage("index", stages.index)
@@ -298,12 +320,14 @@ def run_demo(args: argparse.Namespace) -> int:
             raise CLIError(f"evaluating the shipped models (a second process) failed with exit code {child.exitcode}; "
                            "its error is above")
         reports["shipped"] = json.loads(shipped.read_text())
-        runs = {"retrained": work / "retrain" / "models"}
-    for name, folder in runs.items():
-        reports[name] = evaluate_models(folder, work / "world", work / "index", work / name, args.limit, args.batch_size,
+        runs = {"retrained": Models.of(work / "retrain" / "models")}
+    for name, pair in runs.items():
+        reports[name] = evaluate_models(pair, work / "world", work / "index", work / name, args.limit, args.batch_size,
                                         args.mesh, args.dtype)
     report = dict(reports["shipped"])
     report["seconds"] = round(time.time() - t0, 1)
+    if args.generator or args.critic:  # named only when chosen (the bundled ones' paths are this machine's)
+        report["models"] = {"generator": args.generator, "critic": args.critic}
     if "retrained" in reports:
         report["retrained"] = {k: reports["retrained"][k] for k in ("tasks", "critic_agreement", "distractor_top1", "gold_passage",
                                                                      "ndocs", "depth")}
@@ -315,7 +339,7 @@ def run_demo(args: argparse.Namespace) -> int:
                                                    if k in ("with_passage", "closed_book", "n", "by_attribute")}
     from selfrag_jax.models.checkpoint import load_model
 
-    tok = load_model(models / "generator")[2]
+    tok = load_model(models.generator)[2]
     text = table(report)
     example = traced_example(report.pop("trace"), tok)
     print(text, "\n\nA traced example (reflection tokens the generator emitted):\n" + example)
