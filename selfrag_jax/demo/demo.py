@@ -38,12 +38,10 @@ TASKS = {
 }
 SETTINGS = ("selfrag", "selfrag_ret", "always_top1", "no_retrieval", "selfrag_no_issup")
 # `selfrag_ret`: Self-RAG's candidates chosen again with the retriever's p(passage|question)
-# added at this weight (`ScoreOptions.w_ret`, MiniLM's temperature 0.05). Beyond the paper: when
-# the critique tokens cannot tell passages apart (the reduced retrain's models cannot match
-# names), the choice falls back to the retriever's order instead of chance. Chosen on the dev
-# split (eval/world_qa_dev.jsonl: the held-out people's other questions) with `generate --cache`
-# and `sweep` at the models' depth (2), as the best mean of the shipped and the reduced models
-# (0.967 and 0.757 there, from 0.947 and 0.667 at 0; at depth 5 it was 0.4; docs/experiments/default-models.md).
+# added at this weight (`ScoreOptions.w_ret`, beyond the paper): where the critique tokens
+# cannot tell passages apart, the choice falls back to the retriever's order. Chosen on the dev
+# split with `generate --cache` and `sweep` for the shipped and the reduced models
+# (docs/experiments/default-models.md, "The retriever prior").
 DEMO_W_RET = 0.1
 
 
@@ -183,8 +181,7 @@ def gold_passage_reading(engine, tok, opts, world: Path, items: list, gold: list
 
 def critic_agreement(critic_dir: Path, per_type: int = 300) -> tuple[dict[str, float], float | None]:
     """Share of held-out critic examples where the critic's label equals the ground truth,
-    per type (300 per type by default: at 40 the same critic read 0.42 and 0.67 on isrel, and
-    one critic's IsSup read 0.89 on the first 100 and 0.83 on 300). A critic that writes IsSup
+    per type (300 per type by default: small samples of the same critic disagree by tenths). A critic that writes IsSup
     reading lines is scored by the decision annotation uses (`read_support`); the second value
     is then its own label's agreement after the lines (None for a critic without them)."""
     from selfrag_jax.data.annotate import Critic, parse_label, read_support

@@ -40,23 +40,19 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "default"
 # runs were measured without the reading stage.
 BUDGETS = {
     "full": {},
-    # The reduced base also reads the world's repeat documents (a fifth of its documents): with
-    # them it read 0.565 at step 1,800 (one draw; 0.455 at 1,200 without). The copying by
-    # content they start (0.12 at step 1,200) is gone after the anneals (docs/experiments/default-models.md,
-    # "The reduced base").
-    # Its heads are 32 wide (128 / 4, as base.yaml's shape intends; the full budget keeps the
-    # shipped models' 16): after the same anneals the base read 0.73 where 16 read 0.645, at the
-    # same 0.64 s/step (one draw each, docs/experiments/default-models.md "Heads of 32 in the reduced base").
+    # The reduced base also reads the world's repeat documents (a fifth of its documents), which
+    # bring reading sooner in a short run, and its heads are 32 wide (128 / 4, as base.yaml's
+    # shape intends; the full budget keeps the shipped models' 16), which read better at the same
+    # cost (docs/experiments/default-models.md, "The reduced base", "Heads of 32 in the reduced base").
     "reduced": {"base": ["num_steps=1800", "optim.schedule_steps={config_steps}", "optim.b2=0.95", "model.overrides.head_dim=32",
                          "data.train_files=[WORLD/pretrain.jsonl,WORLD/repeat.jsonl]", "data.mixture_rates={repeat: 0.25}"],
                 "anneal": ["num_steps=200"], "anneal2": ["num_steps=100"], "critic": ["num_steps=150"],
                 "critic_reading": None, "generator": ["num_steps=240"]},
 }
 
-# The base's pretraining is a draw: one recipe read held-out questions with their gold passage
-# 0.26 to 0.825 after its stage in five runs, and a base that reads 0.60 after the anneals gave
-# world_qa 0.227 where the shipped models' (1.00) gave 0.873 (docs/experiments/default-models.md, "The v8 run").
-# Below this a full run's models are not exported into the package over the shipped ones.
+# The base's pretraining is a draw: the same recipe reads held-out passages well in some runs and
+# poorly in others, and a poor reader makes a poor generator (docs/experiments/default-models.md,
+# "The v8 run"). Below this a full run's models are not exported over the shipped ones.
 MIN_BASE_READING = 0.9
 
 

@@ -129,9 +129,8 @@ def reading_accuracy(model_dir: str | Path | tuple, world_dir: str | Path, n: in
 
 
 # The orders a relevance probe asks in: the relevance documents' first two forms (their own
-# order, and the critic's IsRel input fields), ending at the answer cue. v4's base matched
-# names in the first (96% of look-alikes refused, 24% of own passages) and not in the second
-# (61% / 54%): the skill stayed in its form.
+# order, and the critic's IsRel input fields), ending at the answer cue: a base can match
+# names in one form and not the other (docs/experiments/default-models.md).
 RELEVANCE_FORMS = {name: form.format(q="{q}", p="{p}", a="")
                    for name, form in zip(("question", "evidence"), PRETRAIN_RELEVANCE_FORMS)}
 

@@ -40,16 +40,13 @@ class WorldConfig:
     n_raw: int = 2000
     n_critic_per_type: int = 500
     # The practice people: a separate knowledge base that appears in no pretraining text, so
-    # the base model cannot know them and critic and generator examples about them can only
-    # be answered by reading (examples about memorised training people taught v1's generator
-    # to answer from memory; with them it answers 0.74 from the gold passage). Their passages form a
-    # second corpus that annotation retrieves from; the tokenizer never sees them.
+    # examples about them can only be answered by reading (examples about memorised people
+    # teach a generator to answer from memory). Their passages form a second corpus that
+    # annotation retrieves from; the tokenizer never sees them.
     n_practice_people: int = 1500
     n_raw_practice: int = 2000
-    # 2,500 (was 1,000): on the shipped base the critic's isrel rose from 0.92 to 1.00 and the
-    # demo's world_qa from 0.807 to 0.873 (issup 0.73 -> 0.74, on 100 held-out per type); on a
-    # base that had also learned to refuse passages lacking the asked fact, issup rose from
-    # 0.70 to 0.89 on 100 (0.83 on 300, docs/experiments/default-models.md).
+    # More critic labels about practice people than about the world's: IsRel and IsSup are
+    # learnt by reading, not recall (docs/experiments/default-models.md, "What changed from v5").
     n_critic_practice_per_type: int = 2500
     vocab_size: int = 3000
     generator: GeneratorConfig = field(default_factory=GeneratorConfig)

@@ -46,19 +46,14 @@ class PretrainConfig:
     n_relevance: int = 30000
     relevance_lookalike_share: float = 0.5
     # The second anneal's relevance documents (`relevance_forms.jsonl`, four surface forms)
-    # can also ask about facts the person's shown passage does not state (REFUSAL). At 0.4 / 0.2
-    # the base says "I don't know." to 98% of held-out lacking passages (v5's base: 36%), but
-    # generators fine-tuned from it lost IsRel (world_qa 0.633 and 0.673, against 0.807 and
-    # 0.873 from the v5 base with the same critics), so the shipped models keep 0.5 / 0.0.
+    # can also ask about facts the person's shown passage does not state (REFUSAL); a base
+    # taught that refused well but its generators lost IsRel, so the shipped models keep 0.5 / 0.0
+    # (docs/experiments/default-models.md).
     relevance_forms_lookalike_share: float = 0.5
     relevance_forms_lacking_share: float = 0.0  # of all documents; people with one passage have no lacking case (~12% in all)
-    # The fresh people's instruments and birth years: wider than the world's own (16
-    # instruments, 1780-1960), so that no prior answers for the passage. Drawn from the world's
-    # sets, a reduced base read birthplaces, employers and occupations (0.90-1.00) and answered
-    # one instrument for every held-out question (0.05); with 78 instruments one draw read them
-    # 1.00 at the same step and another not yet (its phase change came later), and the retrain's
-    # base 1.00 after its anneals; birth years stayed at 0.00 with either range
-    # (docs/experiments/default-models.md, "The reduced base").
+    # The fresh people's instruments and birth years: wider than the world's own sets, so that
+    # no prior answers for the passage and only reading does (docs/experiments/default-models.md,
+    # "The reduced base").
     fresh_instruments: tuple[str, ...] = INSTRUMENTS + MORE_INSTRUMENTS
     fresh_birth_years: tuple[int, int] = (1000, 1999)
     # The repeat set (`repeat.jsonl`): 10-40 of the world's name words in random order, a
