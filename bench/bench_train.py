@@ -1,11 +1,13 @@
-"""Train step of the 125M Llama shape: ours (jitted, sharded trainer step) against a PyTorch
-step of transformers' LlamaForCausalLM with AdamW, identical shapes, in the same run.
+"""Train step of the 125M Llama shape (or a real model's, `--model`): ours (jitted, sharded
+trainer step) against a PyTorch step of transformers' LlamaForCausalLM with AdamW, identical
+shapes and weights, in the same run.
 
 Reports tokens/s of both, their ratio, and MFU of ours against the float32 matmul peak that
 JAX and numpy reach in this run (FLOPs counted analytically, as MaxText does:
 `cost_analysis()` undercounts scanned layers).
 
     python -m bench.bench_train [--small] [--steps 3]
+    python -m bench.bench_train --model FILE.gguf            # a real model: its weights on both sides
     python -m bench.bench_train --accelerator [--out FILE]   # on a GPU: both sides on it
 
 On an accelerator both sides compute in bfloat16 with float32 master weights (JAX: the
@@ -17,7 +19,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -37,7 +41,7 @@ def _timed(fn) -> float:
     return time.perf_counter() - t
 
 
-def bench_ours(config, batch: int, seq: int, steps: int, peak_dtype: str = "float32") -> dict:
+def bench_ours(config, batch: int, seq: int, steps: int, peak_dtype: str = "float32", params=None) -> dict:
     import jax
     import jax.numpy as jnp
 
@@ -48,7 +52,7 @@ def bench_ours(config, batch: int, seq: int, steps: int, peak_dtype: str = "floa
 
     cfg = load_config(None, [f"global_batch_size={batch}", f"data.seq_len={seq}", "optim.learning_rate=1e-4",
                              "loss_averaging=per_token", "run_dir=/tmp/bench-train"])
-    trainer = Trainer(cfg, config, mesh=sharding.make_mesh("1,1,1", jax.devices()[:1]))
+    trainer = Trainer(cfg, config, mesh=sharding.make_mesh("1,1,1", jax.devices()[:1]), init_params=params)
     tx = make_optimizer(cfg, 1000)
     state = trainer.create_state(tx)
     step = jax.jit(make_train_step(cfg, config, tx, make_schedule(cfg, 1000), trainer.rules),
@@ -81,7 +85,7 @@ def _jax_peak(dtype: str) -> float:
     return measure_matmul_peak(n, 3 if n == 2048 else 10, dtype=dtype)
 
 
-def bench_torch(config, batch: int, seq: int, steps: int, device: str = "cpu") -> dict:
+def bench_torch(config, batch: int, seq: int, steps: int, device: str = "cpu", hf_dir=None) -> dict:
     import contextlib
 
     import torch
@@ -93,7 +97,8 @@ def bench_torch(config, batch: int, seq: int, steps: int, device: str = "cpu") -
         torch.set_num_threads(2)
         torch.set_flush_denormal(True)
     hf = {k: v for k, v in to_hf_dict(config).items() if k not in ("architectures", "model_type", "dtype")}
-    model = LlamaForCausalLM(LlamaConfig(**hf)).to(device).train()
+    model = (LlamaForCausalLM.from_pretrained(hf_dir, dtype=torch.float32) if hf_dir else
+             LlamaForCausalLM(LlamaConfig(**hf))).to(device).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0)
 
     def autocast():
@@ -124,6 +129,8 @@ def main(argv=None) -> int:
     parser.add_argument("--accelerator", action="store_true",
                         help="JAX's default device and PyTorch on CUDA, bfloat16 compute, batch 32")
     parser.add_argument("--out", help="results file [bench/results/train.json, train_gpu.json, train_small.json]")
+    parser.add_argument("--model", help="a real model (checkpoint, HF folder or GGUF file): its shape and weights, "
+                                        "batch 4 x 512 [the 125M random shape]")
     args = parser.parse_args(argv)
     import jax
 
@@ -131,7 +138,14 @@ def main(argv=None) -> int:
 
     if not args.accelerator:
         jax.config.update("jax_default_matmul_precision", "highest")
-    if args.small:
+    params, model_name = None, "tiny" if args.small else "llama-125m"
+    if args.model:
+        from selfrag_jax.models.checkpoint import load_model
+
+        config, params, _, _ = load_model(args.model, dtype="bfloat16" if args.accelerator else None)
+        batch, seq = (32 if args.accelerator else 4), min(512, config.max_position_embeddings)
+        model_name = Path(args.model).stem.split(".")[0].lower()
+    elif args.small:
         config, batch, seq = preset("tiny", vocab_size=512), 2, 64
     elif args.accelerator:
         config, batch, seq = preset("llama-125m", scan_layers=False, dtype="bfloat16"), 32, 512
@@ -140,20 +154,27 @@ def main(argv=None) -> int:
     precision = "bfloat16" if args.accelerator else "float32"
     tokens = batch * seq
     flops = config.flops_per_token(seq) * tokens
-    ours = bench_ours(config, batch, seq, args.steps, peak_dtype=precision)
-    peer = bench_torch(config, batch, seq, args.steps, device="cuda" if args.accelerator else "cpu")
+    ours = bench_ours(config, batch, seq, args.steps, peak_dtype=precision, params=params)
+    with tempfile.TemporaryDirectory() as tmp:
+        hf_dir = None
+        if params is not None:  # the same weights on the PyTorch side
+            from selfrag_jax.models.hf import export_hf
+
+            hf_dir = Path(tmp) / "hf"
+            export_hf(params, config, hf_dir)
+        peer = bench_torch(config, batch, seq, args.steps, device="cuda" if args.accelerator else "cpu", hf_dir=hf_dir)
     peak = ours["jax_matmul_peak"] if args.accelerator else max(ours["jax_matmul_peak"], numpy_matmul_peak())
     ours_tps, peer_tps = tokens / ours["step_s"], tokens / peer["step_s"]
     result = {
         "benchmark": "train_step", "date": now(), "machine": machine_info(), "versions": versions("torch", "flax",
                                                                                                 "transformers"),
-        "shape": {"model": "tiny" if args.small else "llama-125m", "batch": batch, "seq_len": seq,
+        "shape": {"model": model_name, "weights": "real" if params is not None else "random", "batch": batch, "seq_len": seq,
                   "params": config.num_params(), "compute": precision},
         "ours": {**ours, "tokens_per_s": ours_tps, "mfu": flops / ours["step_s"] / peak},
         "pytorch": {**peer, "tokens_per_s": peer_tps, "mfu": flops / peer["step_s"] / peak},
         "matmul_peak_flops": peak, "flops_per_step": flops,
         "summary": [
-            {"what": f"train step, {'tiny' if args.small else '125M'} Llama, {batch}x{seq} tokens, {precision}"
+            {"what": f"train step, {model_name} Llama, {batch}x{seq} tokens, {precision}"
                      + (f" on {jax.devices()[0].device_kind}" if args.accelerator else ""),
              "ours": f"{ours_tps:,.0f} tok/s", "peer": f"PyTorch {peer_tps:,.0f} tok/s",
              "ratio": ours_tps / peer_tps, "goal": "ratio >= 0.8", "met": ours_tps / peer_tps >= 0.8},
@@ -163,6 +184,7 @@ def main(argv=None) -> int:
         ],
     }
     name = "train_small" if args.small else "train_gpu" if args.accelerator else "train"
+    name += f"_{model_name}" if args.model else ""
     path = write_result(name, result, args.out)
     print(f"ours {ours_tps:,.0f} tok/s, PyTorch {peer_tps:,.0f} tok/s, ratio {ours_tps / peer_tps:.2f}, "
           f"MFU {result['ours']['mfu']:.1%} (peak {peak / 1e9:.0f} GFLOP/s) -> {path}")
