@@ -75,7 +75,8 @@ def run(args) -> int:
     if args.max_tokens < 2:
         raise CLIError("--max-tokens must be at least 2")
     try:
-        mask = MaskConfig(args.masking, args.prompt_off_by_one, args.passage_loss_weight, args.critic_labels)
+        mask = MaskConfig(masking=args.masking, prompt_off_by_one=args.prompt_off_by_one,
+                          passage_loss_weight=args.passage_loss_weight, critic_labels=args.critic_labels)
     except ValueError as err:
         raise CLIError(str(err)) from None
     tok = load_tokenizer(args.tokenizer)
