@@ -65,7 +65,10 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-seqscore", action="store_true", help="leave exp(mean log-prob) out of the final score")
     p.add_argument("--drop-no-support", action="store_true", help="hard constraint: drop [No support] candidates")
     p.add_argument("--drop-irrelevant", action="store_true", help="hard constraint: drop [Irrelevant] candidates")
-    p.add_argument("--task", default="open", help="open | popqa | triviaqa | fever | pubhealth | arc_c | asqa | ...")
+    p.add_argument("--task", default="open",
+                   help="open | popqa | triviaqa | fever | pubhealth | arc_c | asqa | ... On the paper's tasks every "
+                        "default is the paper's (no refusal, no retriever prior, one round); refusal is on by "
+                        "default only for open")
     p.add_argument("--long-form", action="store_true", help="segment-level beam search")
     p.add_argument("--beam-width", type=int, default=2)
     p.add_argument("--max-depth", type=int, default=7)
