@@ -29,7 +29,7 @@ class EvalTask:
 TASKS: dict[str, EvalTask] = {
     "popqa": EvalTask("short"), "triviaqa": EvalTask("short"), "pubhealth": EvalTask("factcheck"),
     "arc_c": EvalTask("mc"), "asqa": EvalTask("longform", "nli"),
-    "world_qa": EvalTask("short"), "world_noretrieval": EvalTask("short"),
+    "world_qa": EvalTask("short"), "world_qa_wordings": EvalTask("short"), "world_noretrieval": EvalTask("short"),
     "world_factcheck": EvalTask("factcheck"), "world_mc": EvalTask("mc"),
     "world_longform": EvalTask("longform", "world"), "world_unanswerable": EvalTask("refusal"),
 }

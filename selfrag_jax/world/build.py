@@ -20,7 +20,7 @@ from .generator_data import GeneratorConfig, make_generator_example
 from .kb import KnowledgeBase
 from .passages import write_jsonl
 from .pretrain import PretrainConfig, anneal_texts, pretrain_texts, relevance_texts, repeat_texts
-from .tasks import QUESTIONS, REFUSAL, Task, TaskMaker
+from .tasks import HELDOUT_WORDINGS, QUESTIONS, REFUSAL, Task, TaskMaker
 from .tokenizer import train_tokenizer
 
 # Share of each task kind in the generator and raw instruction data.
@@ -104,7 +104,24 @@ def eval_sets(world: World, cfg: WorldConfig) -> dict[str, list[dict]]:
     dev = [dev_maker.qa(p, a) for p in dev_maker.people for a in attrs if (p.id, a) not in asked]
     sets = {"world_qa": qa, "world_factcheck": fc, "world_mc": mc, "world_longform": lf,
             "world_unanswerable": un, "world_noretrieval": nr, "world_qa_dev": dev}
-    return {name: [eval_record(t) for t in tasks] for name, tasks in sets.items()}
+    out = {name: [eval_record(t) for t in tasks] for name, tasks in sets.items()}
+    out["world_qa_wordings"] = [reworded(r, i) for i, r in enumerate(out["world_qa"])]
+    return out
+
+
+def reworded(record: dict, i: int) -> dict:
+    """A world_qa record asked in a held-out wording (`HELDOUT_WORDINGS`, the i-th in turn)."""
+    attribute = record["meta"]["attributes"][0]
+    name = record["question"]  # the person's name, found in the original question
+    for template in QUESTIONS[attribute]:
+        prefix, _, suffix = template.partition("{name}")
+        if record["question"].startswith(prefix) and record["question"].endswith(suffix):
+            name = record["question"][len(prefix):len(record["question"]) - len(suffix)]
+            break
+    templates = HELDOUT_WORDINGS[attribute]
+    question = templates[i % len(templates)].format(name=name)
+    return {**record, "id": record["id"].replace("world_heldout_qa", "world_wordings_qa"), "question": question,
+            "instruction": question}
 
 
 def entity_records(world: World) -> list[dict]:
@@ -228,7 +245,8 @@ def build_world(out_dir: str, seed: int = 0, n_people: int = 2000, config: World
                    "passages": len(world.passages)},
         "passages": "passages.jsonl", "entities": "entities.jsonl", **training_entries,
         "eval": {n: f"eval/{n}.jsonl" for n in ("world_qa", "world_factcheck", "world_mc", "world_longform",
-                                                  "world_unanswerable", "world_noretrieval", "world_qa_dev")},
+                                                  "world_unanswerable", "world_noretrieval", "world_qa_dev",
+                                                  "world_qa_wordings")},
         "files": files, "total_bytes": sum(f["bytes"] for f in files.values()),
     }
     tmp = os.path.join(out_dir, "manifest.json.tmp")

@@ -32,6 +32,21 @@ PAIR_QUESTIONS = {
     ("birthplace", "birth_year"): ("Where and in what year was {name} born?", "In which town and in what year was {name} born?"),
     ("occupation", "employer"): ("What was the job of {name}, and who employed {name}?", "What did {name} do, and for which organisation?"),
 }
+# Wordings no training file uses: imperatives, the name first, other verbs. Only the
+# `world_qa_wordings` eval set asks them, to measure whether a generator answers the question
+# rather than the template (kept apart from every training and critic template above).
+HELDOUT_WORDINGS = {
+    "birthplace": ("Name the town where {name} was born.", "{name} was born where?", "Tell me the birthplace of {name}.",
+                   "{name}: place of birth?", "In what place did {name} come into the world?"),
+    "birth_year": ("Give the year of {name}'s birth.", "{name} was born in which year?",
+                   "Tell me the year {name} was born.", "{name}: year of birth?", "What was the birth year of {name}?"),
+    "occupation": ("Name the occupation of {name}.", "{name} worked as what?", "Tell me what job {name} had.",
+                   "{name}: occupation?", "What kind of work did {name} do?"),
+    "employer": ("Name the organisation {name} worked for.", "{name} was employed by whom?",
+                 "Tell me who employed {name}.", "{name}: employer?", "For which organisation did {name} work?"),
+    "instrument": ("Name the instrument {name} played.", "{name} played which instrument?",
+                   "Tell me the instrument {name} played.", "{name}: instrument?", "{name} made music on what?"),
+}
 LONGFORM_REQUESTS = ("Tell me about {name}.", "Write a short biography of {name}.", "Who was {name}?")
 COMPARE_REQUESTS = ("Compare {a} and {b}.", "What do {a} and {b} have in common?")
 
