@@ -438,3 +438,26 @@ def test_world_package_imports_nothing_heavy():
     code = ("import sys, selfrag_jax.world; heavy = [m for m in ('jax', 'tokenizers', 'transformers', 'torch') "
             "if m in sys.modules]; print(heavy)")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
+
+
+def test_heldout_wordings_ask_world_qa_in_words_no_training_file_uses(built):
+    """world_qa_wordings: world_qa's questions (same people, attributes, answers) in the
+    held-out wordings, and no training or critic file holds any of those wordings."""
+    from selfrag_jax.world.tasks import HELDOUT_WORDINGS
+
+    out, manifest = built
+    qa, reworded = load(out, manifest["eval"]["world_qa"]), load(out, manifest["eval"]["world_qa_wordings"])
+    names = {e["id"]: e["name"] for e in load(out, "entities.jsonl")}
+    assert len(reworded) == len(qa)
+    for i, (a, b) in enumerate(zip(qa, reworded)):
+        attribute = a["meta"]["attributes"][0]
+        assert b["answers"] == a["answers"] and b["meta"] == a["meta"] and b["question"] != a["question"]
+        template = HELDOUT_WORDINGS[attribute][i % len(HELDOUT_WORDINGS[attribute])]
+        assert b["question"] == b["instruction"] == template.format(name=names[a["meta"]["entity_ids"][0]])
+    name = r"[A-Z][\w']*(?: [A-Z][\w']*)*"  # a capitalised name where the template has {name}
+    pattern = re.compile("|".join(re.escape(t).replace(re.escape("{name}"), name)
+                                  for ts in HELDOUT_WORDINGS.values() for t in ts))
+    for rel in TRAINING_FILES:
+        with open(os.path.join(out, rel), encoding="utf-8") as f:
+            hit = pattern.search(f.read())
+        assert hit is None, f"{hit.group(0)!r} in {rel}"
