@@ -314,3 +314,23 @@ def test_smollm2_generator_config_is_the_papers_masking_from_a_real_base():
     cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "smollm2" / "generator.yaml")
     assert cfg.model.init_from == "runs/smollm2/base" and cfg.model.new_token_init == "mean"
     assert cfg.data.task == "generator" and cfg.data.masking == "paper" and cfg.loss_averaging == "per_sequence"
+
+
+def test_embedding_lr_scale_moves_only_the_embedding_faster():
+    import jax.numpy as jnp
+
+    from selfrag_jax.training.config import load_config
+    from selfrag_jax.training.trainer import make_optimizer
+
+    def updates(scale):
+        cfg = load_config(None, [f"optim.embedding_lr_scale={scale}", "optim.schedule=constant", "optim.warmup_ratio=0",
+                                 "optim.learning_rate=0.01", "run_dir=unused"])
+        params = {"embedding": jnp.ones((3, 2)), "layers": {"wq": jnp.ones((2, 2))}, "lm_head": jnp.ones((2, 3))}
+        tx = make_optimizer(cfg, 10)
+        grads = {"embedding": jnp.full((3, 2), 0.5), "layers": {"wq": jnp.full((2, 2), 0.5)}, "lm_head": jnp.full((2, 3), 0.5)}
+        return tx.update(grads, tx.init(params), params)[0]
+
+    plain, fast = updates(1.0), updates(10.0)
+    np.testing.assert_allclose(fast["layers"]["wq"], plain["layers"]["wq"])
+    np.testing.assert_allclose(fast["embedding"], 10 * plain["embedding"], rtol=1e-6)
+    np.testing.assert_allclose(fast["lm_head"], 10 * plain["lm_head"], rtol=1e-6)

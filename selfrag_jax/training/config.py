@@ -59,6 +59,10 @@ class OptimSection:
     b2: float = 0.999
     eps: float = 1e-8
     grad_clip: float = 1.0
+    # The embedding (and an untied lm_head) learns at this multiple of the rate. Appended
+    # reflection rows start identical (the mean row) and must pull apart; in a short fine-tune
+    # at a pretrained model's rate they barely move (docs/experiments/smollm2.md).
+    embedding_lr_scale: float = 1.0
 
 
 @dataclass

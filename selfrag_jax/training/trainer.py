@@ -84,13 +84,20 @@ def _decay_mask(params):
     return jax.tree_util.tree_map_with_path(lambda path, _: "norm" not in jax.tree_util.keystr(path), params)
 
 
+def _embedding_mask(params):
+    """The token embedding and an untied output matrix: the rows appended for reflection tokens."""
+    return jax.tree_util.tree_map_with_path(
+        lambda path, _: any(k in jax.tree_util.keystr(path) for k in ("'embedding'", "'lm_head'")), params)
+
+
 def make_optimizer(cfg: TrainConfig, num_steps: int) -> optax.GradientTransformation:
     o = cfg.optim
-    return optax.chain(
-        optax.clip_by_global_norm(o.grad_clip) if o.grad_clip > 0 else optax.identity(),
-        optax.adamw(make_schedule(cfg, num_steps), b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay,
-                    mask=_decay_mask),
-    )
+    parts = [optax.clip_by_global_norm(o.grad_clip) if o.grad_clip > 0 else optax.identity(),
+             optax.adamw(make_schedule(cfg, num_steps), b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay,
+                         mask=_decay_mask)]
+    if o.embedding_lr_scale != 1.0:  # only then: the optimizer state of existing runs keeps its structure
+        parts.append(optax.masked(optax.scale(o.embedding_lr_scale), _embedding_mask))
+    return optax.chain(*parts)
 
 
 @jax.custom_vjp
