@@ -314,6 +314,7 @@ def test_smollm2_generator_config_is_the_papers_masking_from_a_real_base():
     cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "smollm2" / "generator.yaml")
     assert cfg.model.init_from == "runs/smollm2/base" and cfg.model.new_token_init == "mean"
     assert cfg.data.task == "generator" and cfg.data.masking == "paper" and cfg.loss_averaging == "per_sequence"
+    assert cfg.optim.embedding_lr_scale == 10.0 and cfg.epochs == 3  # what the measured run used
 
 
 def test_embedding_lr_scale_moves_only_the_embedding_faster():
