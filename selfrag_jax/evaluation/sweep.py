@@ -206,7 +206,7 @@ def prepare(cache: SweepCache, task: str | None = None) -> Prepared:
     pad = lambda values, fill=0.0: table.padded(values, fill)  # noqa: E731
     return Prepared(
         seq_exp=pad(np.exp(parts["seq"])).astype(np.float32), rel=pad(parts["rel"]).astype(np.float32),
-        sup=pad(parts["sup"]).astype(np.float32), use=pad(parts["use"]).astype(np.float32), valid=table.grid()[1],
+        sup=pad(parts["sup"]).astype(np.float32), use=pad(parts["use"]).astype(np.float32), valid=table.grid[1],
         irrelevant=pad(table.rel_label == scoring.IRRELEVANT, False),
         no_support=pad(table.sup_label == scoring.NO_SUPPORT, False), answer_id=pad(table.answer, 0),
         match=match, match_nr=match_nr, match_refusal=match_refusal, has_candidates=table.cand_count > 0,

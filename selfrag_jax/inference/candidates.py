@@ -13,6 +13,7 @@ sweep's kernel in jax.numpy (float32) for a grid of settings on a trailing axis.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Sequence
 
 import numpy as np
@@ -161,15 +162,17 @@ class Table:
         start, count = int(self.cand_start[q]), int(self.cand_count[q])
         return slice(start, start + (min(count, ndocs) if ndocs else count))
 
+    @cached_property
     def grid(self) -> tuple[np.ndarray, np.ndarray]:
-        """([Q, K] candidate row of each cell (0 in padding), [Q, K] bool valid)."""
+        """([Q, K] candidate row of each cell (0 in padding), [Q, K] bool valid): computed once,
+        every padded array of the table is read through it."""
         k = np.arange(self.width)
         valid = k[None, :] < self.cand_count[:, None]
         return np.where(valid, self.cand_start[:, None] + k[None, :], 0), valid
 
     def padded(self, values: np.ndarray, fill=0) -> np.ndarray:
         """Per-candidate `values` [C, ...] as [Q, K, ...] (`fill` in padding)."""
-        rows, valid = self.grid()
+        rows, valid = self.grid
         values = np.asarray(values)
         if len(values) == 0:
             return np.full(valid.shape + values.shape[1:], fill, values.dtype)
@@ -239,17 +242,22 @@ def select(xp, final, keep, answer, closed: bool):
 
 @dataclass
 class Choice:
-    """Per question: the retrieval decision, whether candidates were used, the chosen one."""
+    """Per question: whether candidates were used, the chosen one, refusal; per candidate its scores."""
 
-    decided: np.ndarray  # [Q] bool: the rule said retrieve
     retrieved: np.ndarray  # [Q] bool: decided, and candidates within the depth exist
     chosen: np.ndarray  # [Q] int: index among the question's candidates, -1: the no-retrieval answer
     refused: np.ndarray  # [Q] bool
     reasons: list[str | None]  # why each refused question was refused
     scores: dict[str, np.ndarray]  # [C] candidate_scores
+    table: Table = field(repr=False)
 
     def index(self, q: int) -> int | None:
         return None if self.chosen[q] < 0 else int(self.chosen[q])
+
+    def question_scores(self, q: int) -> dict[str, np.ndarray]:
+        """Question q's candidates' scores, in its candidates' order."""
+        rows = self.table.rows(q)
+        return {k: v[rows] for k, v in self.scores.items()}
 
 
 def choose(table: Table, opts: ChoiceOptions) -> Choice:
@@ -257,7 +265,7 @@ def choose(table: Table, opts: ChoiceOptions) -> Choice:
     decided = scoring.decide_retrieve(table.retrieve_logprobs, table.greedy_retrieval, opts.retrieve)
     sc = candidate_scores(table, opts.score, opts.ndocs)
     passing = scoring.passes_bar(sc["rel"], sc["sup"], table.sup_label, opts.refuse)
-    _, valid = table.grid()
+    _, valid = table.grid
     depth = opts.ndocs or table.width
     keep = keep_mask(valid, np.arange(table.width)[None, :] < depth, table.padded(table.pruned, False),
                      table.padded(table.rel_label == scoring.IRRELEVANT, False),
@@ -270,7 +278,7 @@ def choose(table: Table, opts: ChoiceOptions) -> Choice:
     chosen = np.where(retrieved, chosen, -1)
     refused = opts.refuse.enabled & decided & (chosen < 0)
     reasons = [refusal_reason(table, q, sc, passing, opts) if refused[q] else None for q in range(table.n_questions)]
-    return Choice(decided, retrieved, chosen, refused, reasons, sc)
+    return Choice(retrieved, chosen, refused, reasons, sc, table)
 
 
 def refusal_reason(table: Table, q: int, sc: dict[str, np.ndarray], passing: np.ndarray, opts: ChoiceOptions) -> str:

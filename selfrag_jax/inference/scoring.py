@@ -82,9 +82,10 @@ class ScoreOptions:
     ret_temperature: float = 0.05
 
     def __post_init__(self):
-        if self.hard not in tuple(h.value for h in Hard):
-            raise ValueError(f"hard constraint {self.hard!r} is not one of {[h.value for h in Hard]}")
-        object.__setattr__(self, "hard", Hard(self.hard))
+        try:
+            object.__setattr__(self, "hard", Hard(self.hard))
+        except ValueError:
+            raise ValueError(f"hard constraint {self.hard!r} is not one of {[h.value for h in Hard]}") from None
         if not self.ret_temperature > 0:
             raise ValueError(f"ret_temperature must be positive, got {self.ret_temperature}")
 

@@ -20,7 +20,7 @@ but never used.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -70,8 +70,9 @@ class GenerateOptions:
         """How the answer is chosen. A baseline retrieves always (naive, top1) or never (none)
         and answers with its one row, whatever the scores."""
         if self.pipeline != "selfrag":
-            mode = "never" if self.pipeline == "none" else "always"
-            return ChoiceOptions(task=self.task, retrieve=RetrieveOptions(mode=mode))
+            mode = "never" if self.pipeline == "none" else "always"  # the scores are reported, not used
+            return ChoiceOptions(task=self.task, retrieve=RetrieveOptions(mode=mode),
+                                 score=replace(self.score, hard=scoring.Hard.NONE))
         return ChoiceOptions(task=self.task, retrieve=self.retrieve, score=self.score, refuse=self.refuse)
 
 
@@ -94,6 +95,7 @@ class QuestionResult:
     retry_stopped: str | None = None  # why re-retrieval ended early
     refused: bool = False
     refusal_reason: str | None = None
+    scores: dict[str, np.ndarray] = field(default_factory=dict)  # per candidate, set with the choice
     latency_s: float = 0.0  # set by `run_batches`
 
     def rows(self) -> list[Row]:
@@ -293,6 +295,7 @@ class ShortForm:
         choice = choose(Table.from_results(results, self.opts.task), self.opts.choice)
         for q, r in enumerate(results):
             r.chosen, r.refused, r.refusal_reason = choice.index(q), bool(choice.refused[q]), choice.reasons[q]
+            r.scores = choice.question_scores(q)
             if r.refused:
                 r.prediction = self.opts.refuse.message
             else:
@@ -338,8 +341,9 @@ def best_text(r: QuestionResult, opts: ScoreOptions) -> str:
 
 
 def output_record(r: QuestionResult, opts: GenerateOptions) -> dict[str, Any]:
-    """The JSON line of `generate` (docs/generate-format.md)."""
-    scores = candidate_scores(Table.from_rows([r.candidates], opts.task), opts.score)
+    """The JSON line of `generate` (docs/generate-format.md); the scores are the ones the
+    answer was chosen by (`ShortForm._choose`, under the options it ran or re-chose with)."""
+    scores = r.scores
     cands = []
     for j, c in enumerate(r.candidates):
         cand = {"passage": c.passage, "text": c.text,

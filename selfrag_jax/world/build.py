@@ -105,20 +105,14 @@ def eval_sets(world: World, cfg: WorldConfig) -> dict[str, list[dict]]:
     sets = {"world_qa": qa, "world_factcheck": fc, "world_mc": mc, "world_longform": lf,
             "world_unanswerable": un, "world_noretrieval": nr, "world_qa_dev": dev}
     out = {name: [eval_record(t) for t in tasks] for name, tasks in sets.items()}
-    out["world_qa_wordings"] = [reworded(r, i) for i, r in enumerate(out["world_qa"])]
+    names = {p.id: p.name for p in m.people}
+    out["world_qa_wordings"] = [reworded(r, names[t.entity_ids[0]], i) for i, (r, t) in enumerate(zip(out["world_qa"], qa))]
     return out
 
 
-def reworded(record: dict, i: int) -> dict:
-    """A world_qa record asked in a held-out wording (`HELDOUT_WORDINGS`, the i-th in turn)."""
-    attribute = record["meta"]["attributes"][0]
-    name = record["question"]  # the person's name, found in the original question
-    for template in QUESTIONS[attribute]:
-        prefix, _, suffix = template.partition("{name}")
-        if record["question"].startswith(prefix) and record["question"].endswith(suffix):
-            name = record["question"][len(prefix):len(record["question"]) - len(suffix)]
-            break
-    templates = HELDOUT_WORDINGS[attribute]
+def reworded(record: dict, name: str, i: int) -> dict:
+    """A world_qa record about `name` asked in a held-out wording (`HELDOUT_WORDINGS`, the i-th in turn)."""
+    templates = HELDOUT_WORDINGS[record["meta"]["attributes"][0]]
     question = templates[i % len(templates)].format(name=name)
     return {**record, "id": record["id"].replace("world_heldout_qa", "world_wordings_qa"), "question": question,
             "instruction": question}
