@@ -21,12 +21,36 @@ FACTCHECK_INSTRUCTION = "Is the following statement correct or not? Say true if 
 MC_INSTRUCTION = "Given four answer candidates, A, B, C and D, choose the best answer choice."
 MC_LABELS = ("A", "B", "C", "D")
 
+# Many wordings per attribute (questions, requests, the name first, bare labels), so a model
+# learns to answer the attribute asked rather than a template's position; the held-out wordings
+# below share no template with these (nor their opening verbs "Name" and "Tell").
 QUESTIONS = {
-    "birthplace": ("Where was {name} born?", "In which town was {name} born?", "What is the birthplace of {name}?"),
-    "birth_year": ("In what year was {name} born?", "When was {name} born?", "What year was {name} born in?"),
-    "occupation": ("What is the occupation of {name}?", "What did {name} do for a living?", "What was the profession of {name}?"),
-    "employer": ("Who did {name} work for?", "Which organisation employed {name}?", "Where did {name} work?"),
-    "instrument": ("What instrument did {name} play?", "Which instrument was {name} known for playing?"),
+    "birthplace": ("Where was {name} born?", "In which town was {name} born?", "What is the birthplace of {name}?",
+                   "Where is {name} from?", "Which town is {name} from?", "What town was {name} born in?",
+                   "Give the birthplace of {name}.", "State where {name} was born.", "Say which town {name} was born in.",
+                   "{name} was born in what town?", "{name} comes from which town?", "Birthplace of {name}?",
+                   "{name}'s birthplace?", "Identify the town where {name} was born.", "Which town is the hometown of {name}?"),
+    "birth_year": ("In what year was {name} born?", "When was {name} born?", "What year was {name} born in?",
+                   "What is the year of birth of {name}?", "Which year was {name} born in?", "What is {name}'s year of birth?",
+                   "Give the birth year of {name}.", "State the year {name} was born.", "Say when {name} was born.",
+                   "{name} was born when?", "{name}, born in what year?", "Year of birth of {name}?",
+                   "{name}'s birth year?", "Identify the year in which {name} was born.", "Which year saw the birth of {name}?"),
+    "occupation": ("What is the occupation of {name}?", "What did {name} do for a living?", "What was the profession of {name}?",
+                   "What was {name}'s job?", "What job did {name} have?", "What was {name} by profession?",
+                   "Give the occupation of {name}.", "State what {name} did for a living.", "Say what the job of {name} was.",
+                   "{name} had what job?", "{name} did what for a living?", "Occupation of {name}?",
+                   "{name}'s profession?", "Identify the profession of {name}.", "What line of work was {name} in?"),
+    "employer": ("Who did {name} work for?", "Which organisation employed {name}?", "Where did {name} work?",
+                 "Who employed {name}?", "Who was the employer of {name}?", "What organisation was {name} employed by?",
+                 "Give the employer of {name}.", "State who employed {name}.", "Say which organisation {name} worked for.",
+                 "{name} worked for whom?", "{name} worked for which organisation?", "Employer of {name}?",
+                 "{name}'s employer?", "Identify the organisation that employed {name}.", "For whom did {name} work?"),
+    "instrument": ("What instrument did {name} play?", "Which instrument was {name} known for playing?",
+                   "Which instrument did {name} play?", "What musical instrument did {name} play?", "What did {name} play?",
+                   "Give the instrument that {name} played.", "State which instrument {name} played.",
+                   "Say what instrument {name} played.", "{name} played what?", "{name} was known for playing which instrument?",
+                   "Instrument of {name}?", "{name}'s instrument?", "Identify the instrument of {name}.",
+                   "On which instrument did {name} make music?", "What did {name} play music on?"),
 }
 PAIR_QUESTIONS = {
     ("birthplace", "birth_year"): ("Where and in what year was {name} born?", "In which town and in what year was {name} born?"),
