@@ -138,6 +138,20 @@ def test_passage_loss_weight(tok):
     check(ex, ids, w)
 
 
+def test_unsupported_weight(tok):
+    out = ("[Retrieval]<paragraph>" + P1 + "</paragraph>[Relevant]Oslo[No support / Contradictory]"
+           "[Retrieval]<paragraph>" + P1 + "</paragraph>[Relevant]Lurvik[Fully supported][Utility:2]")
+    segments = [("[Retrieval]", 1), ("<paragraph>", 1), (P1, 0), ("</paragraph>", 1), ("[Relevant]", 1), ("Oslo", None),
+                ("[No support / Contradictory]", 1), ("[Retrieval]", 1), ("<paragraph>", 1), (P1, 0), ("</paragraph>", 1),
+                ("[Relevant]", 1), ("Lurvik", 1), ("[Fully supported]", 1), ("[Utility:2]", 1)]
+    prompt = T.format_prompt("Where was Alice born?")
+    for weight in (0.0, 0.25, 1.0):
+        ids, w = expected(tok, prompt, [(x, weight if v is None else v) for x, v in segments])
+        check(encode_record(rec(out), "generator", tok, MaskConfig(unsupported_weight=weight)), ids, w)
+    with pytest.raises(ValueError, match="unsupported_weight"):
+        MaskConfig(unsupported_weight=1.5)
+
+
 def test_markers_in_untrusted_text_are_not_markers(tok):
     r = rec("[No Retrieval]ok[Utility:5]", "Say <paragraph> and </paragraph> and [Relevant]", "</paragraph>")
     ex = encode_record(r, "generator", tok, MaskConfig())

@@ -337,3 +337,49 @@ def test_critic_agreement_scores_a_reading_critic_by_its_line(monkeypatch):
     assert out["issup"] == float(np.mean([d == r["output"] for d, r in zip(decided, sup)]))
     assert own == float(np.mean([d == r["output"] for d, r in zip(own_labels, sup)]))
     assert out["issup"] != own
+
+
+def test_annotate_stage_keeps_contrast_pairs_only_where_the_critic_rates_them_unsupported(tmp_path, monkeypatch):
+    """The annotate stage adds contrast pairs (another question's value) to the raw pairs; a
+    scripted critic rates half of all IsSup inputs unsupported: every contrast pair kept has a
+    [No support / Contradictory] segment, every raw pair is kept, and the report counts both."""
+    import zlib
+
+    import selfrag_jax.models.checkpoint as checkpoint
+    import selfrag_jax.retrieval.retriever as retriever
+    from selfrag_jax import tokens as T
+    from selfrag_jax.data.annotate import Critic
+    from selfrag_jax.demo import pipeline
+    from selfrag_jax.world import WorldConfig, build_world, parse_output, read_jsonl
+    from selfrag_jax.world.pretrain import PretrainConfig
+
+    build_world(str(tmp_path / "world"), config=WorldConfig(  # test_world's small world, fewer raw pairs
+        seed=3, n_people=400, n_ghosts=80, n_generator=1500, n_raw=120, n_critic_per_type=120, n_practice_people=300,
+        n_raw_practice=80, n_critic_practice_per_type=60, vocab_size=1500,
+        pretrain=PretrainConfig(n_lookups=400, n_reading=400, n_fresh_reading=1500, n_no_retrieval=100,
+                                n_anneal_reading=300, n_relevance=300, n_repeat=300),
+        n_eval_factcheck=40, n_eval_mc=40, n_eval_longform=20, n_eval_no_retrieval=20))
+    passages = read_jsonl(str(tmp_path / "world" / "passages.jsonl"))
+
+    class Fixed:
+        def retrieve(self, queries, k=5):
+            return [[{**passages[zlib.crc32(q.encode()) % len(passages)], "score": 1.0}] for q in queries]
+
+    def generate(self, prompts, desc="critic"):
+        def one(p):
+            if "Does the evidence support" in p:
+                return T.NO_SUPPORT if zlib.crc32(p.encode()) % 2 else T.FULLY_SUPPORTED
+            return T.RELEVANT if "Is the evidence about" in p else "[Utility:5]" if "Rate how well" in p else T.RETRIEVAL
+        return [one(p) for p in prompts]
+
+    monkeypatch.setattr(checkpoint, "load_model", lambda path: (None, None, None, None))
+    monkeypatch.setattr(retriever.Retriever, "from_dir", classmethod(lambda cls, path: Fixed()))
+    monkeypatch.setattr(Critic, "generate", generate)
+    stages = pipeline.Stages(tmp_path)
+    report = stages.annotate()["report"]
+    out = read_jsonl(str(tmp_path / "annotated.jsonl"))
+    contrast = [r for r in out if r["id"].endswith("_contrast")]
+    unsupported = [any(s.issup == T.NO_SUPPORT for s in parse_output(r["output"]).segments) for r in contrast]
+    assert contrast and all(unsupported)
+    made = sum(r["contrast"]["made"] for r in report.values())
+    assert len(out) == 200 + len(contrast) and made > len(contrast) == sum(r["contrast"]["kept"] for r in report.values())

@@ -212,6 +212,22 @@ def test_generator_outputs_parse_and_cover_every_class(built):
     assert 0.3 < seen[IRRELEVANT] / (seen[RELEVANT] + seen[IRRELEVANT]) < 0.6
 
 
+def test_contrast_pairs_give_each_chosen_question_another_value_of_its_attribute(built):
+    from selfrag_jax.world.generator_data import contrast_pairs
+
+    out, _ = built
+    records, metas = load(out, "train/raw.jsonl"), load(out, "train/raw_meta.jsonl")
+    pairs = contrast_pairs(records, metas, 0.5, seed=1)
+    qa = {m["id"]: m for m in metas if m["kind"] == "qa"}
+    values = {a: {m["answers"][0] for m in qa.values() if m["attributes"][0] == a} for a in {m["attributes"][0] for m in qa.values()}}
+    assert 0.35 * len(qa) < len(pairs) < 0.65 * len(qa)
+    for p in pairs:
+        meta = qa[p["id"].removesuffix("_contrast")]
+        assert p["output"] not in meta["answers"] and p["output"] in values[meta["attributes"][0]]
+        assert p["instruction"] == records[[r["id"] for r in records].index(meta["id"])]["instruction"]
+    assert contrast_pairs(records, metas, 0.5, seed=1) == pairs and not contrast_pairs(records, metas, 0.0)
+
+
 def test_parse_output_rejects_bad_grammar():
     for bad in ("answer[Utility:5]", f"{RETRIEVAL}answer[Utility:5]", f"{NO_RETRIEVAL}answer",
                 f"{RETRIEVAL}<paragraph>t\nx</paragraph>{RELEVANT}answer[Utility:5]",

@@ -8,7 +8,10 @@ found by id, and a passage quoting those characters cannot open or close a span.
 Masking happens after truncation, so a `<paragraph>` whose `</paragraph>` was cut off masks
 to the end (both modes). `passage_loss_weight` > 0 trains passage content lightly instead
 of not at all: the paper uses 0, but a tiny model learns to read passages faster when it
-also has to model them (used by the embedded default's training).
+also has to model them (used by the embedded default's training). `unsupported_weight` < 1
+(beyond the paper) weighs the text of a segment the annotation rates `[No support /
+Contradictory]`: its IsSup token is learned, the unsupported answer less or not at all, so
+contrast examples (a wrong value against a passage) teach IsSup without teaching the value.
 """
 
 from __future__ import annotations
@@ -32,12 +35,15 @@ class MaskConfig:
     passage_loss_weight: weight of masked passage content (0.0 = the paper).
     critic_labels: "text" encodes a critic label as plain text, as the released critic
       emits it; "tokens" encodes it as the reflection token's id.
+    unsupported_weight: weight of a segment's text between `[Relevant]` and `[No support /
+      Contradictory]` (1.0 = the paper).
     """
 
     masking: Literal["paper", "released"] = "paper"
     prompt_off_by_one: bool = False
     passage_loss_weight: float = 0.0
     critic_labels: Literal["text", "tokens"] = "text"
+    unsupported_weight: float = 1.0
 
     def __post_init__(self) -> None:
         if self.masking not in ("paper", "released"):
@@ -46,6 +52,8 @@ class MaskConfig:
             raise ValueError(f"critic_labels must be 'text' or 'tokens', got {self.critic_labels!r}")
         if not 0.0 <= self.passage_loss_weight <= 1.0:
             raise ValueError(f"passage_loss_weight must be in [0, 1], got {self.passage_loss_weight}")
+        if not 0.0 <= self.unsupported_weight <= 1.0:
+            raise ValueError(f"unsupported_weight must be in [0, 1], got {self.unsupported_weight}")
 
 
 class Example(NamedTuple):
@@ -66,10 +74,13 @@ class SpecialIds:
     eos: int
     open: int
     close: int
+    relevant: int
+    no_support: int
 
     @classmethod
     def of(cls, tok) -> "SpecialIds":
-        return cls(tok.bos_id, tok.eos_id, tok.control_id(T.PARAGRAPH_OPEN), tok.control_id(T.PARAGRAPH_CLOSE))
+        return cls(tok.bos_id, tok.eos_id, tok.control_id(T.PARAGRAPH_OPEN), tok.control_id(T.PARAGRAPH_CLOSE),
+                   tok.control_id(T.RELEVANT), tok.control_id(T.NO_SUPPORT))
 
 
 def generator_texts(record: dict) -> tuple[str, str]:
@@ -113,6 +124,18 @@ def passage_content(tokens: np.ndarray, ids: SpecialIds, masking: str) -> np.nda
     return (last >= 0) & is_open[np.maximum(last, 0)] & ~marker
 
 
+def unsupported_text(tokens: np.ndarray, ids: SpecialIds) -> np.ndarray:
+    """Boolean mask of the text strictly between a `[Relevant]` and the `[No support /
+    Contradictory]` that closes its segment (the tokens after `[Relevant]`, up to IsSup)."""
+    out = np.zeros(len(tokens), bool)
+    relevant = np.flatnonzero(tokens == ids.relevant)
+    for end in np.flatnonzero(tokens == ids.no_support):
+        before = relevant[relevant < end]
+        if len(before):
+            out[before[-1] + 1:end] = True
+    return out
+
+
 def assemble(prompt: list[int] | np.ndarray, target: list[int] | np.ndarray, kind: str, ids: SpecialIds,
              cfg: MaskConfig, max_tokens: int | None = None) -> Example:
     """`[BOS] prompt target [EOS]`, truncated to `max_tokens`, with its loss weights."""
@@ -130,6 +153,10 @@ def assemble(prompt: list[int] | np.ndarray, target: list[int] | np.ndarray, kin
         content = passage_content(tokens, ids, cfg.masking)
         content[:prompt_len] = False
         weights[content] = cfg.passage_loss_weight
+        if cfg.unsupported_weight != 1.0:
+            unsupported = unsupported_text(tokens, ids)
+            unsupported[:prompt_len] = False
+            weights[unsupported] = cfg.unsupported_weight
     return Example(tokens, weights, truncated)
 
 

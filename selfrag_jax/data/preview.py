@@ -41,6 +41,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--prompt-off-by-one", action="store_true", help="keep the last prompt token in the loss (reference quirk)")
     parser.add_argument("--passage-loss-weight", type=float, default=0.0, help="weight of passage content (paper: 0)")
     parser.add_argument("--critic-labels", choices=("text", "tokens"), default="text")
+    parser.add_argument("--unsupported-weight", type=float, default=1.0,
+                        help="weight of text rated [No support / Contradictory] (paper: 1)")
     parser.add_argument("--max-tokens", type=int, default=2049, help="truncate examples to this many tokens")
     parser.add_argument("--tokenizer", default=None, help="tokenizer folder (default: the bundled generator's, the world's tokenizer)")
     parser.add_argument("-n", type=int, default=3, help="number of examples")
@@ -76,7 +78,8 @@ def run(args) -> int:
         raise CLIError("--max-tokens must be at least 2")
     try:
         mask = MaskConfig(masking=args.masking, prompt_off_by_one=args.prompt_off_by_one,
-                          passage_loss_weight=args.passage_loss_weight, critic_labels=args.critic_labels)
+                          passage_loss_weight=args.passage_loss_weight, critic_labels=args.critic_labels,
+                          unsupported_weight=args.unsupported_weight)
     except ValueError as err:
         raise CLIError(str(err)) from None
     tok = load_tokenizer(args.tokenizer)

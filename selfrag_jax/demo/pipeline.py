@@ -26,6 +26,7 @@ from pathlib import Path
 
 from selfrag_jax.bundled import ASSETS, DEPTH_FILE
 from selfrag_jax.demo.decoding import choose_depth
+from selfrag_jax.tokens import NO_SUPPORT
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "default"
 
@@ -54,6 +55,10 @@ BUDGETS = {
 # poorly in others, and a poor reader makes a poor generator (docs/experiments/default-models.md,
 # "The v8 run"). Below this a full run's models are not exported over the shipped ones.
 MIN_BASE_READING = 0.9
+
+# Share of the raw single-attribute questions also annotated with another question's value,
+# so the generator sees values its passage does not state rated unsupported (issup_calibration).
+CONTRAST_SHARE = 0.3
 
 
 @dataclass
@@ -161,13 +166,23 @@ class Stages:
         from selfrag_jax.data.annotate import Critic, annotate, read_pairs
         from selfrag_jax.models.checkpoint import load_model
         from selfrag_jax.retrieval.retriever import Retriever
+        from selfrag_jax.world.generator_data import contrast_pairs, parse_output
+
+        def unsupported(output: str) -> bool:
+            return any(s.issup == NO_SUPPORT for s in parse_output(output).segments)
 
         config, params, tok, _ = load_model(self.critic_dir)
         critic, out, reports = Critic(params, config, tok), [], {}
         for raw, index in (("raw.jsonl", "index"), ("practice_raw.jsonl", "practice_index")):
             records = read_pairs(str(self.out / "world" / "train" / raw))
-            annotated, reports[raw] = annotate(records, critic, Retriever.from_dir(self.out / index))
-            out += annotated
+            metas = [json.loads(line) for line in (self.out / "world" / "train" / raw.replace(".jsonl", "_meta.jsonl")).open()]
+            contrast = contrast_pairs(records, metas, CONTRAST_SHARE)
+            annotated, reports[raw] = annotate(records + contrast, critic, Retriever.from_dir(self.out / index))
+            # A contrast pair teaches IsSup only where the critic rated its value unsupported
+            # against a relevant passage; elsewhere it would teach the wrong value.
+            kept = [r for r in annotated if not r["id"].endswith("_contrast") or unsupported(r["output"])]
+            reports[raw]["contrast"] = {"made": len(contrast), "kept": len(contrast) - (len(annotated) - len(kept))}
+            out += kept
         tmp = self.out / "annotated.jsonl.tmp"
         with open(tmp, "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in out)

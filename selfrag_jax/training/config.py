@@ -38,6 +38,7 @@ class DataSection:
     masking: str = "paper"  # paper | released
     prompt_off_by_one: bool = False
     passage_loss_weight: float = 0.0
+    unsupported_weight: float = 1.0  # weight of text the annotation rates [No support / Contradictory]
     seq_len: int = 512
     packing: bool = True
     seed: int = 0

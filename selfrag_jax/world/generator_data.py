@@ -130,6 +130,26 @@ def make_generator_example(world: World, task: Task, rng: random.Random, cfg: Ge
     return GeneratorExample(rec, {**task.meta(), "labels": labels})
 
 
+def contrast_pairs(records: list[dict], metas: list[dict], share: float, seed: int = 0) -> list[dict]:
+    """Copies of a `share` of the single-attribute questions whose output is another question's
+    value of the same attribute (ids end `_contrast`): once the critic annotates them they pair
+    a relevant passage with a value it does not state, the `[No support / Contradictory]` case
+    the world's fixed answers never give (beyond the paper; trained with the answer text
+    weighted 0, `MaskConfig.unsupported_weight`)."""
+    values: dict[str, list[str]] = {}
+    for m in metas:
+        if m["kind"] == "qa":
+            values.setdefault(m["attributes"][0], []).append(m["answers"][0])
+    rng, out = random.Random(seed), []
+    for r, m in zip(records, metas):
+        if m["kind"] != "qa" or rng.random() >= share:
+            continue
+        pool = sorted(set(values[m["attributes"][0]]) - set(m["answers"]))
+        if pool:
+            out.append({**r, "output": rng.choice(pool), "id": f"{r['id']}_contrast"})
+    return out
+
+
 # --- parsing --------------------------------------------------------------------------
 @dataclass
 class ParsedSegment:
