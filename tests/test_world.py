@@ -4,7 +4,6 @@ and a tokenizer that loads with AutoTokenizer and keeps values identical whereve
 from __future__ import annotations
 
 import collections
-import json
 import os
 import re
 
@@ -57,7 +56,8 @@ def test_same_seed_gives_byte_identical_files(built, tmp_path):
 def test_eval_only_world_has_the_same_eval_files_and_no_training_files(built, tmp_path):
     out, manifest = built
     eval_only = build_world(str(tmp_path), config=SMALL, training=False)
-    assert set(eval_only["files"]) == {"passages.jsonl", "entities.jsonl", *manifest["eval"].values()}
+    assert set(eval_only["files"]) == {"passages.jsonl", "entities.jsonl", *manifest["eval"].values(),
+                                       *manifest["unanswerable"].values()}
     for rel, info in eval_only["files"].items():
         assert info["sha256"] == manifest["files"][rel]["sha256"], rel
     assert not os.path.exists(os.path.join(tmp_path, "pretrain.jsonl"))
@@ -226,6 +226,35 @@ def test_contrast_pairs_give_each_chosen_question_another_value_of_its_attribute
         assert p["output"] not in meta["answers"] and p["output"] in values[meta["attributes"][0]]
         assert p["instruction"] == records[[r["id"] for r in records].index(meta["id"])]["instruction"]
     assert contrast_pairs(records, metas, 0.5, seed=1) == pairs and not contrast_pairs(records, metas, 0.0)
+
+
+def test_unanswerable_kinds_have_disjoint_dev_and_test_and_no_passage_answers_them(built):
+    from selfrag_jax.world.unanswerable import KINDS, SPLITS
+
+    out, manifest = built
+    assert set(manifest["unanswerable"]) == {f"{k}_{s}" for k in KINDS for s in SPLITS}
+    passages = load(out, "passages.jsonl")
+    text = "\n".join(p["text"] for p in passages)
+    people = {e["id"]: e for e in load(out, "entities.jsonl")}
+    for kind in KINDS:
+        sets = {s: load(out, manifest["unanswerable"][f"{kind}_{s}"]) for s in SPLITS}
+        assert {s: len(r) for s, r in sets.items()} == SPLITS
+        dev_ids, test_ids = ({i for r in sets[s] for i in r["meta"]["entity_ids"]} for s in ("dev", "test"))
+        if kind in ("unstated", "others_only"):  # about held-out or name-only people, different ones per split
+            assert dev_ids and not dev_ids & test_ids
+            assert all(people[i]["split"] == "heldout" for i in dev_ids | test_ids)
+        parts = {w for e in people.values() for w in e["name"].split()}
+        for r in sets["dev"] + sets["test"]:
+            assert r["answers"] == [] and r["answerable"] is False and r["meta"]["unanswerable_kind"] == kind
+            name = r["meta"]["name"]
+            assert name in r["question"]
+            if kind in ("unseen_name", "recombined"):  # a name nobody has and no passage states
+                assert name not in {e["name"] for e in people.values()} and name not in text
+                first, last = name.split()
+                assert (first in parts, last in parts) == ((False, False) if kind == "unseen_name" else (True, True))
+            else:
+                assert name == people[r["meta"]["entity_ids"][0]]["name"]
+    assert not re.search(r"\b(die|died|tall|height|food|dish)\b", text)  # what `unstated` asks, no passage states
 
 
 def test_parse_output_rejects_bad_grammar():

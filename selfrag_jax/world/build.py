@@ -22,6 +22,7 @@ from .passages import write_jsonl
 from .pretrain import PretrainConfig, anneal_texts, pretrain_texts, relevance_texts, repeat_texts
 from .tasks import HELDOUT_WORDINGS, QUESTIONS, REFUSAL, Task, TaskMaker
 from .tokenizer import train_tokenizer
+from .unanswerable import unanswerable_sets
 
 # Share of each task kind in the generator and raw instruction data.
 TASK_MIX = {
@@ -107,6 +108,7 @@ def eval_sets(world: World, cfg: WorldConfig) -> dict[str, list[dict]]:
     out = {name: [eval_record(t) for t in tasks] for name, tasks in sets.items()}
     names = {p.id: p.name for p in m.people}
     out["world_qa_wordings"] = [reworded(r, names[t.entity_ids[0]], i) for i, (r, t) in enumerate(zip(out["world_qa"], qa))]
+    out.update({f"unanswerable/{name}": recs for name, recs in unanswerable_sets(world, cfg.seed).items()})
     return out
 
 
@@ -241,6 +243,7 @@ def build_world(out_dir: str, seed: int = 0, n_people: int = 2000, config: World
         "eval": {n: f"eval/{n}.jsonl" for n in ("world_qa", "world_factcheck", "world_mc", "world_longform",
                                                   "world_unanswerable", "world_noretrieval", "world_qa_dev",
                                                   "world_qa_wordings")},
+        "unanswerable": {n: f"eval/unanswerable/{n}.jsonl" for n in unanswerable_sets(world, cfg.seed)},
         "files": files, "total_bytes": sum(f["bytes"] for f in files.values()),
     }
     tmp = os.path.join(out_dir, "manifest.json.tmp")
