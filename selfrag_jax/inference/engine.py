@@ -167,34 +167,45 @@ class TokenCount:
 @dataclass(frozen=True)
 class Shapes:
     """The few shapes a server pads every call to, so that `Engine.warm_up` compiles them all
-    before the first request: prefill always `questions` rows of at least `prompt_tokens`;
-    candidate rows on powers of two from `min_rows` up to every question's `ndocs` passages plus
-    its no-retrieval row; suffixes of `suffix_tokens` (one passage with its markers), doubled
-    up to `max_suffix_tokens` (all passages of a question in one row, the naive baseline).
-    Anything larger (a longer prompt or passage) falls back to the buckets, compiled when met."""
+    before the first request: prefill always has `questions` rows; prompts take two lengths
+    (a quarter of `prompt_tokens`, and all of it); candidate rows double from `min_rows` up to
+    every question's `ndocs` passages and its no-retrieval row; suffixes grow from `min_suffix`
+    up to `suffix_tokens` (the naive baseline's row of all passages) in steps of 1.5x and 4/3x. Anything
+    larger falls back to the buckets and compiles when met. Finer steps pay less padding per
+    call but multiply the programs: prompts x rows x suffixes."""
 
     questions: int = 8
     ndocs: int = 5
     prompt_tokens: int = 128
-    suffix_tokens: int = 195
-    max_suffix_tokens: int = 0  # 0: suffix_tokens
+    suffix_tokens: int = 512
     min_rows: int = 8
+    min_suffix: int = 64
+
+    def prompt_ladder(self) -> tuple[int, ...]:
+        top = bucket_length(self.prompt_tokens)
+        return (top // 4, top) if top // 4 >= MIN_LENGTH_BUCKET else (top,)
 
     def row_ladder(self) -> tuple[int, ...]:
-        top, rows = self.questions * (self.ndocs + 1), [self.min_rows]
-        while rows[-1] < top:
-            rows.append(rows[-1] * 2)
-        return tuple(rows)
+        return _doubling(self.min_rows, self.questions * (self.ndocs + 1))
 
     def suffix_ladder(self) -> tuple[int, ...]:
-        lengths = [bucket_length(self.suffix_tokens)]
-        while lengths[-1] < self.max_suffix_tokens:
-            lengths.append(lengths[-1] * 2)
-        return tuple(lengths)
+        """Powers of two and 1.5x them (64, 96, 128, 192 ...): a suffix pads by at most a third,
+        not up to half (a 70-token passage ran as 128 under plain doubling)."""
+        steps = [self.min_suffix]
+        while steps[-1] < self.suffix_tokens:
+            steps.append(steps[-1] * 3 // 2 if steps[-1] & (steps[-1] - 1) == 0 else steps[-1] * 4 // 3)
+        return tuple(steps)
 
     @staticmethod
     def fit(n: int, ladder: Sequence[int], fallback) -> int:
         return next((x for x in ladder if x >= n), None) or fallback(n)
+
+
+def _doubling(start: int, top: int) -> tuple[int, ...]:
+    steps = [start]
+    while steps[-1] < top:
+        steps.append(steps[-1] * 2)
+    return tuple(steps)
 
 
 @dataclass(frozen=True)
@@ -256,8 +267,7 @@ class Engine:
                  placement: Placement | None = None, shapes: Shapes | None = None):
         self.params = params
         if shapes is not None:  # no suffix is longer than the model leaves beside an answer
-            shapes = replace(shapes, max_suffix_tokens=min(shapes.max_suffix_tokens,
-                                                           config.max_position_embeddings - max_new_tokens))
+            shapes = replace(shapes, suffix_tokens=min(shapes.suffix_tokens, config.max_position_embeddings - max_new_tokens))
         self.shapes = shapes
         self.config = config
         self.ids = ids
@@ -312,8 +322,8 @@ class Engine:
         n = len(contexts)
         rows = list(contexts) + [[self.ids.pad]] * (self._context_rows(n) - n)
         longest = max(map(len, rows))
-        tokens, lengths = pad_batch(rows, self.ids.pad, bucket_length(
-            max(longest, self.shapes.prompt_tokens) if self.shapes else longest))
+        tokens, lengths = pad_batch(rows, self.ids.pad, Shapes.fit(longest, self.shapes.prompt_ladder(), bucket_length)
+                                    if self.shapes else bucket_length(longest))
         cache, ret_lp, greedy = self._call(self._prefill, self.params, tokens, lengths)
         ret_lp, greedy = np.asarray(ret_lp), np.asarray(greedy)
         self.tokens.prefill += int(lengths[:n].sum())
@@ -363,10 +373,11 @@ class Engine:
             raise ValueError("warm_up needs the engine's Shapes")
         before = sum(self.compiled_programs().values())
         tokens = TokenCount(self.tokens.prefill, self.tokens.decode)
-        state = self.prefill([[self.ids.pad]] * self.shapes.questions)
-        for rows in self.shapes.row_ladder():
-            for length in self.shapes.suffix_ladder():
-                self.decode(state, [0] * rows, [[self.ids.pad] * length] * rows, [1] * rows)
+        for prompt in self.shapes.prompt_ladder():
+            state = self.prefill([[self.ids.pad] * prompt] * self.shapes.questions)
+            for rows in self.shapes.row_ladder():
+                for length in self.shapes.suffix_ladder():
+                    self.decode(state, [0] * rows, [[self.ids.pad] * length] * rows, [1] * rows)
         self.tokens = tokens  # warm-up is not work done for anyone
         return sum(self.compiled_programs().values()) - before
 

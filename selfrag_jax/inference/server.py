@@ -9,8 +9,8 @@
 - `GET /health`, `GET /metrics`.
 
 Batching: requests wait in one queue; the scheduler takes the oldest, gathers the waiting
-requests with the same options (up to `--batch-size` questions, or until `batch_wait_ms`
-passes) and runs them as one `ShortForm` batch, so the K candidates of many questions share
+requests with the same options (up to `--batch-size` questions, while they keep arriving:
+until none came for `--batch-wait-ms`, at most `--batch-max-wait-ms`) and runs them as one `ShortForm` batch, so the K candidates of many questions share
 one compiled segment step. The engine pads to fixed `Shapes` and compiles every program at
 start (`Engine.warm_up`), so no request waits on a compile. One worker thread owns the engine.
 
@@ -40,7 +40,7 @@ from selfrag_jax import http
 from selfrag_jax.http import BadRequest
 from selfrag_jax.inference.items import Item, parse_item
 from selfrag_jax.inference.scoring import MODES, PIPELINES, THRESHOLD_RULES
-from selfrag_jax.inference.selfrag import PASSAGE_MARKERS, GenerateOptions, ShortForm, output_record
+from selfrag_jax.inference.selfrag import GenerateOptions, ShortForm, output_record
 
 
 @dataclass(frozen=True)
@@ -231,9 +231,12 @@ class Metrics:
 class Scheduler:
     """Gathers waiting requests with the same options into engine batches on one worker thread."""
 
-    def __init__(self, engine, tokenizer, retrieve_fn, batch_size: int, batch_wait_ms: float, limits: Limits):
+    def __init__(self, engine, tokenizer, retrieve_fn, batch_size: int, batch_wait_ms: float, limits: Limits,
+                 max_wait_ms: float | None = None):
         self.engine, self.tok, self.retrieve_fn = engine, tokenizer, retrieve_fn
         self.batch_size, self.batch_wait, self.limits = batch_size, batch_wait_ms / 1000.0, limits
+        self.max_wait = (max_wait_ms if max_wait_ms is not None else 10 * batch_wait_ms) / 1000.0
+        self.last_arrival = 0.0
         self.waiting: deque[Pending] = deque()
         self.metrics = Metrics()
         self.busy = 0  # requests in the batch being decoded
@@ -243,6 +246,7 @@ class Scheduler:
         self._task: asyncio.Task | None = None
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
         self.programs_after_warm_up = sum(engine.compiled_programs().values())
+        self.warm_up_s: float | None = None  # set by `build`
 
     async def start(self) -> None:
         self._arrived, self._idle = asyncio.Event(), asyncio.Event()
@@ -277,6 +281,7 @@ class Scheduler:
         now = loop.time()
         pending = Pending(item, opts, now + timeout, now, gone, loop.create_future())
         self.waiting.append(pending)
+        self.last_arrival = now
         self._arrived.set()
         answer = await pending.future
         self.metrics.answer(answer, loop.time() - now)
@@ -298,8 +303,13 @@ class Scheduler:
                 self._arrived.clear()
                 await self._arrived.wait()
             head = self.waiting[0]
-            until = head.arrived + self.batch_wait
-            while sum(p.opts == head.opts for p in self.waiting) < self.batch_size and loop.time() < until:
+            # Gather while requests keep coming: until a gap of batch_wait with no arrival, at
+            # most max_wait after the oldest. Clients answered together come back over a few
+            # ms, and a fixed window from the oldest cut such a burst into uneven batches.
+            while sum(p.opts == head.opts for p in self.waiting) < self.batch_size:
+                until = min(head.arrived + self.max_wait, self.last_arrival + self.batch_wait)
+                if loop.time() >= until:
+                    break
                 self._arrived.clear()
                 try:
                     await asyncio.wait_for(self._arrived.wait(), until - loop.time())
@@ -360,6 +370,7 @@ class Scheduler:
 
     def snapshot(self) -> dict[str, Any]:
         return {**self.metrics.snapshot(), "queue_depth": len(self.waiting), "in_flight": self.busy,
+                "programs_warmed_up": self.programs_after_warm_up, "warm_up_s": self.warm_up_s,
                 "programs_compiled_after_warm_up": sum(self.engine.compiled_programs().values())
                 - self.programs_after_warm_up}
 
@@ -452,7 +463,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="listen address [127.0.0.1: this machine only]")
     p.add_argument("--port", type=int, default=8322)
     p.add_argument("--batch-wait-ms", type=float, default=5.0,
-                   help="how long the oldest waiting request waits for others to share its batch")
+                   help="a batch gathers requests until none arrived for this long (or it is full)")
+    p.add_argument("--batch-max-wait-ms", type=float, default=50.0,
+                   help="... and no longer than this after its oldest request arrived")
     p.add_argument("--max-prompt-tokens", type=int, default=128, help="longest question prompt (longer: 400)")
     p.add_argument("--max-passage-tokens", type=int, default=192,
                    help="passage length the shapes are warmed up for (longer ones compile when met)")
@@ -462,8 +475,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=LIMITS.timeout_s, help="a request's deadline in seconds")
 
 
-def build(args: argparse.Namespace) -> tuple[Scheduler, GenerateOptions, Limits, float]:
-    """The warmed-up scheduler, default options and limits of the flags (and warm-up seconds)."""
+def build(args: argparse.Namespace) -> tuple[Scheduler, GenerateOptions, Limits]:
+    """The warmed-up scheduler, default options and limits of the flags."""
     from selfrag_jax.cli import CLIError
     from selfrag_jax.inference.cli import Session, check_arguments, options_from_args
     from selfrag_jax.inference.engine import Shapes
@@ -478,22 +491,23 @@ def build(args: argparse.Namespace) -> tuple[Scheduler, GenerateOptions, Limits,
         raise CLIError("--ndocs and --max-rounds must be within --max-ndocs and --max-rounds-limit")
     opts = options_from_args(args)
     shapes = Shapes(questions=args.batch_size, ndocs=limits.max_ndocs, prompt_tokens=args.max_prompt_tokens,
-                    suffix_tokens=args.max_passage_tokens + PASSAGE_MARKERS,
-                    max_suffix_tokens=limits.max_ndocs * (args.max_passage_tokens + 2) + 1)  # the naive baseline's row
+                    suffix_tokens=limits.max_ndocs * (args.max_passage_tokens + 2) + 1)  # the naive baseline's row
     session = Session.load(args, shapes)
     start = time.perf_counter()
     session.engine.warm_up()
-    if session.retrieve_fn is not None:
-        session.retrieve_fn(["warm up"], limits.max_ndocs)
+    retriever = getattr(session.retrieve_fn, "__self__", None)
+    if hasattr(retriever, "warmup"):  # an index in this process: its query encoder's shapes
+        retriever.warmup(args.batch_size, max_tokens=32)
     seconds = time.perf_counter() - start
     scheduler = Scheduler(session.engine, session.tokenizer, session.retrieve_fn, args.batch_size, args.batch_wait_ms,
-                          limits)
-    return scheduler, opts, limits, seconds
+                          limits, args.batch_max_wait_ms)
+    scheduler.warm_up_s = seconds
+    return scheduler, opts, limits
 
 
 def run(args: argparse.Namespace) -> int:
-    scheduler, opts, limits, seconds = build(args)
-    print(f"warmed up in {seconds:.1f} s: {scheduler.programs_after_warm_up} programs compiled")
+    scheduler, opts, limits = build(args)
+    print(f"warmed up in {scheduler.warm_up_s:.1f} s: {scheduler.programs_after_warm_up} programs compiled")
     http.serve_until_signal(
         make_app(scheduler, opts, limits, model_name=args.model), args.host, args.port, drain=scheduler.drain,
         banner=lambda port: f"serving Self-RAG on http://{args.host}:{port} (POST /generate, POST /v1/chat/completions, "
