@@ -493,6 +493,10 @@ def build(args: argparse.Namespace) -> tuple[Scheduler, GenerateOptions, Limits]
     shapes = Shapes(questions=args.batch_size, ndocs=limits.max_ndocs, prompt_tokens=args.max_prompt_tokens,
                     suffix_tokens=limits.max_ndocs * (args.max_passage_tokens + 2) + 1)  # the naive baseline's row
     session = Session.load(args, shapes)
+    import jax
+
+    if jax.process_count() > 1:  # the other hosts would have to join every batch in lock-step
+        raise CLIError("serve runs on one host (its devices may form a --mesh); a multi-host slice answers files with generate")
     start = time.perf_counter()
     session.engine.warm_up()
     retriever = getattr(session.retrieve_fn, "__self__", None)
