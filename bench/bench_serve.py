@@ -1,6 +1,6 @@
 """`selfrag-jax serve` under load, on loopback: throughput and latency percentiles.
 
-`python -m bench.bench_serve [--small]` -> bench/results/serve[_small].json
+`python -m bench.bench_serve [--small] [--ndocs K]` -> bench/results/serve[_kK][_small].json
 
 The shipped models and the bundled world (its index built here once, under --work) behind
 one `serve` process with its defaults (adaptive retrieval, refusal on: the `open` task) at the
@@ -10,7 +10,9 @@ server retrieves) for a fixed time each:
 2. --clients concurrent clients (Self-RAG): throughput against 1. Goal: at least 4x;
 3. the same clients asking for naive RAG (`options.pipeline`) in the same server: Self-RAG's
    P95 against naive RAG's. Goal: within 1.3x (practitioners expect 2-4x).
-Clients and server share the machine's cores, so client time is in every figure.
+The three phases run alternated --repeats times (medians reported), so a slow spell of a shared
+machine touches all of them. Clients and server share the machine's cores, so client time is
+in every figure.
 
 The load generator (`load`) is reusable: bounded concurrency and duration, loopback only.
 """
@@ -75,6 +77,12 @@ def load(port: int, payloads: list[dict], clients: int, seconds: float, path: st
             **{f"p{q}_s": float(np.percentile(lat, q)) if lat.size else None for q in (50, 95, 99)}}
 
 
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The repeat with the median throughput, and every repeat's throughput and P95 beside it."""
+    ordered = sorted(runs, key=lambda r: r["throughput_rps"])
+    return {**ordered[len(ordered) // 2], "repeats": [{k: r[k] for k in ("throughput_rps", "p95_s")} for r in runs]}
+
+
 def prepare(work: Path) -> tuple[Path, list[str]]:
     """The bundled world's index (built once) and its held-out world_qa questions."""
     from selfrag_jax.demo.pipeline import Stages
@@ -119,7 +127,8 @@ def metrics(port: int) -> dict[str, Any]:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--small", action="store_true", help="a few seconds per phase: checks that it runs")
-    parser.add_argument("--seconds", type=float, help="per phase [60; 8 with --small]")
+    parser.add_argument("--seconds", type=float, help="per phase and repeat [20; 4 with --small]")
+    parser.add_argument("--repeats", type=int, default=3, help="the three phases, alternated, this many times (medians)")
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--batch-size", type=int, default=16, help="the server's questions per engine step")
     parser.add_argument("--ndocs", type=int, help="passages per question [the depth shipped with the models]")
@@ -127,7 +136,7 @@ def main(argv=None) -> int:
     parser.add_argument("--port", type=int, default=8391)
     parser.add_argument("--work", default="runs/bench_serve", help="where the world and its index are built once")
     args = parser.parse_args(argv)
-    seconds = args.seconds or (8.0 if args.small else 60.0)
+    seconds = args.seconds or (4.0 if args.small else 20.0)
     os.environ.setdefault("SELFRAG_NO_PROGRESS", "1")
     index, questions = prepare(Path(args.work))
     selfrag = [{"question": q} for q in questions]
@@ -135,9 +144,13 @@ def main(argv=None) -> int:
     proc = start_server(index, args.port, args)
     try:
         load(args.port, selfrag[:args.clients], args.clients, min(seconds, 10.0))  # warm the paths, not timed
-        phases = {"selfrag_1": load(args.port, selfrag, 1, seconds),
-                  f"selfrag_{args.clients}": load(args.port, selfrag, args.clients, seconds),
-                  f"naive_{args.clients}": load(args.port, naive, args.clients, seconds)}
+        plan = {"selfrag_1": (selfrag, 1), f"selfrag_{args.clients}": (selfrag, args.clients),
+                f"naive_{args.clients}": (naive, args.clients)}
+        runs: dict[str, list] = {name: [] for name in plan}
+        for _ in range(args.repeats):  # alternated, so a slow spell of the machine touches every phase
+            for name, (payloads, clients) in plan.items():
+                runs[name].append(load(args.port, payloads, clients, seconds))
+        phases = {name: median_run(rs) for name, rs in runs.items()}
         server = metrics(args.port)
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -145,7 +158,7 @@ def main(argv=None) -> int:
     one, many, base = phases["selfrag_1"], phases[f"selfrag_{args.clients}"], phases[f"naive_{args.clients}"]
     ratio = many["throughput_rps"] / one["throughput_rps"]
     p95 = base["p95_s"] / many["p95_s"]
-    tag = " (small)" if args.small else ""
+    tag = (f", K={args.ndocs}" if args.ndocs else "") + (" (small)" if args.small else "")
     summary = [
         {"what": f"serve: throughput, {args.clients} clients vs one at a time, Self-RAG, bundled models{tag}",
          "ours": f"{many['throughput_rps']:.1f} req/s", "peer": f"{one['throughput_rps']:.1f} req/s", "ratio": ratio,
@@ -154,9 +167,10 @@ def main(argv=None) -> int:
          "ours": f"{many['p95_s'] * 1000:.0f} ms", "peer": f"{base['p95_s'] * 1000:.0f} ms", "ratio": p95,
          "goal": f"ratio >= {1 / GOAL_P95:.3g} (Self-RAG <= {GOAL_P95:g}x naive)", "met": p95 >= 1 / GOAL_P95}]
     result = {"machine": machine_info(), "versions": versions("aiohttp"), "seconds_per_phase": seconds,
+              "repeats": args.repeats,
               "batch_size": args.batch_size, "ndocs": args.ndocs or "shipped depth", "max_new_tokens": args.max_new_tokens, "phases": phases,
               "server_metrics": server, "summary": summary, "date": now()}
-    path = write_result("serve_small" if args.small else "serve", result)
+    path = write_result("serve" + (f"_k{args.ndocs}" if args.ndocs else "") + ("_small" if args.small else ""), result)
     for name, phase in phases.items():
         print(f"{name}: {phase['throughput_rps']:.1f} req/s, p50 {phase['p50_s'] * 1000:.0f} ms, "
               f"p95 {phase['p95_s'] * 1000:.0f} ms, p99 {phase['p99_s'] * 1000:.0f} ms, statuses {phase['statuses']}")

@@ -6,6 +6,7 @@ process for tests and benchmarks."""
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import threading
 from typing import Any, Awaitable, Callable
@@ -15,6 +16,35 @@ from aiohttp import web
 
 class BadRequest(ValueError):
     """A request that is answered 400 with this message."""
+
+
+def json_object(body: bytes, expected: str) -> dict:
+    """A request body that must be a JSON object (`expected` describes it in the error)."""
+    try:
+        payload = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise BadRequest(f"malformed JSON: {err}") from None
+    if not isinstance(payload, dict):
+        raise BadRequest(f"body must be a JSON object {expected}")
+    return payload
+
+
+def application(max_body_bytes: int, routes: list[tuple[str, str, Callable]], worker: Any) -> web.Application:
+    """An app of `routes` ((method, path, handler)) whose `worker` (a batcher with async `start`
+    and `stop`) starts and stops with it."""
+
+    async def on_startup(app: web.Application) -> None:
+        await worker.start()
+
+    async def on_cleanup(app: web.Application) -> None:
+        await worker.stop()
+
+    app = web.Application(client_max_size=max_body_bytes, middlewares=[json_errors])
+    for method, path, handler in routes:
+        app.router.add_route(method, path, handler)
+    app.on_startup.append(on_startup)
+    app.on_cleanup.append(on_cleanup)
+    return app
 
 
 def error(status: int, message: str) -> web.Response:

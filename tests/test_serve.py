@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 MODEL = str(ASSETS / "generator")
 MAX_NEW = 24
 LIMITS = Limits(max_ndocs=2, max_rounds=2, max_body_bytes=20_000, max_question_chars=300)
-SHAPES = Shapes(questions=4, ndocs=2, prompt_tokens=64, suffix_tokens=2 * 66 + 1)
+SHAPES = Shapes(questions=4, ndocs=2, prompt_tokens=64, passage_tokens=67, suffix_tokens=2 * 66 + 1)
 OPTS = GenerateOptions(ndocs=2)
 
 PEOPLE = [("Ada Quill", "Druvale", "a fisher"), ("Bran Holt", "Carrow", "a weaver"), ("Cora Fenn", "Lisk", "a baker"),

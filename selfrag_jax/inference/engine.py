@@ -167,23 +167,24 @@ class TokenCount:
 @dataclass(frozen=True)
 class Shapes:
     """The few shapes a server pads every call to, so that `Engine.warm_up` compiles them all
-    before the first request: prefill always has `questions` rows; prompts take two lengths
-    (a quarter of `prompt_tokens`, and all of it); candidate rows double from `min_rows` up to
-    every question's `ndocs` passages and its no-retrieval row; suffixes grow from `min_suffix`
-    up to `suffix_tokens` (the naive baseline's row of all passages) in steps of 1.5x and 4/3x. Anything
-    larger falls back to the buckets and compiles when met. Finer steps pay less padding per
-    call but multiply the programs: prompts x rows x suffixes."""
+    before the first request: prefill always has `questions` rows; prompts double from a
+    quarter of `prompt_tokens`; candidate rows double from `min_rows` up to every question's
+    `ndocs` passages and its no-retrieval row; suffixes grow from `min_suffix` in steps of 1.5x
+    and 4/3x, up to one passage (`passage_tokens`) for any rows and up to `suffix_tokens` (the
+    naive baseline's row of all passages) for one row per question. Anything larger falls back
+    to the buckets and compiles when met. Finer steps pad less but multiply the programs."""
 
     questions: int = 8
     ndocs: int = 5
     prompt_tokens: int = 128
-    suffix_tokens: int = 512
+    passage_tokens: int = 195  # one passage row, its markers included
+    suffix_tokens: int = 512  # the longest row
     min_rows: int = 8
     min_suffix: int = 64
 
     def prompt_ladder(self) -> tuple[int, ...]:
         top = bucket_length(self.prompt_tokens)
-        return (top // 4, top) if top // 4 >= MIN_LENGTH_BUCKET else (top,)
+        return _doubling(max(MIN_LENGTH_BUCKET, top // 4), top)
 
     def row_ladder(self) -> tuple[int, ...]:
         return _doubling(self.min_rows, self.questions * (self.ndocs + 1))
@@ -195,6 +196,13 @@ class Shapes:
         while steps[-1] < self.suffix_tokens:
             steps.append(steps[-1] * 3 // 2 if steps[-1] & (steps[-1] - 1) == 0 else steps[-1] * 4 // 3)
         return tuple(steps)
+
+    def segment_shapes(self) -> list[tuple[int, int]]:
+        """(rows, suffix) of every segment step a call within the limits can make (per prompt length)."""
+        one_passage = Shapes.fit(self.passage_tokens, self.suffix_ladder(), bucket_length)
+        per_question = Shapes.fit(self.questions, self.row_ladder(), bucket)
+        return [(rows, suffix) for rows in self.row_ladder() for suffix in self.suffix_ladder()
+                if suffix <= one_passage or rows <= per_question]
 
     @staticmethod
     def fit(n: int, ladder: Sequence[int], fallback) -> int:
@@ -267,7 +275,9 @@ class Engine:
                  placement: Placement | None = None, shapes: Shapes | None = None):
         self.params = params
         if shapes is not None:  # no suffix is longer than the model leaves beside an answer
-            shapes = replace(shapes, suffix_tokens=min(shapes.suffix_tokens, config.max_position_embeddings - max_new_tokens))
+            most = config.max_position_embeddings - max_new_tokens
+            shapes = replace(shapes, suffix_tokens=min(shapes.suffix_tokens, most),
+                             passage_tokens=min(shapes.passage_tokens, shapes.suffix_tokens, most))
         self.shapes = shapes
         self.config = config
         self.ids = ids
@@ -375,9 +385,8 @@ class Engine:
         tokens = TokenCount(self.tokens.prefill, self.tokens.decode)
         for prompt in self.shapes.prompt_ladder():
             state = self.prefill([[self.ids.pad] * prompt] * self.shapes.questions)
-            for rows in self.shapes.row_ladder():
-                for length in self.shapes.suffix_ladder():
-                    self.decode(state, [0] * rows, [[self.ids.pad] * length] * rows, [1] * rows)
+            for rows, length in self.shapes.segment_shapes():
+                self.decode(state, [0] * rows, [[self.ids.pad] * length] * rows, [1] * rows)
         self.tokens = tokens  # warm-up is not work done for anyone
         return sum(self.compiled_programs().values()) - before
 

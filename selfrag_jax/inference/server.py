@@ -40,7 +40,7 @@ from selfrag_jax import http
 from selfrag_jax.http import BadRequest
 from selfrag_jax.inference.items import Item, parse_item
 from selfrag_jax.inference.scoring import MODES, PIPELINES, THRESHOLD_RULES
-from selfrag_jax.inference.selfrag import GenerateOptions, ShortForm, output_record
+from selfrag_jax.inference.selfrag import PASSAGE_MARKERS, GenerateOptions, ShortForm, output_record
 
 
 @dataclass(frozen=True)
@@ -108,12 +108,7 @@ def request_options(base: GenerateOptions, overrides: Any, limits: Limits) -> Ge
 
 def parse_generate(body: bytes, base: GenerateOptions, limits: Limits) -> tuple[Item, GenerateOptions, float]:
     """(item, options, timeout) of a /generate body, or BadRequest."""
-    try:
-        payload = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise BadRequest(f"malformed JSON: {err}") from None
-    if not isinstance(payload, dict):
-        raise BadRequest('body must be a JSON object {"question": ..., "ctxs"?: [...], "options"?: {...}}')
+    payload = http.json_object(body, '{"question": ..., "ctxs"?: [...], "options"?: {...}}')
     opts = request_options(base, payload.pop("options", None), limits)
     timeout = payload.pop("timeout_s", limits.timeout_s)
     if not _number(timeout) or not 0 < timeout <= limits.timeout_s:
@@ -139,12 +134,7 @@ def parse_chat(body: bytes, base: GenerateOptions, limits: Limits) -> tuple[Item
     """An OpenAI chat-completions body as /generate's (item, options, timeout, model name).
     The last user message is the question (the prompt template stays the paper's, so a system
     message is not applied); decoding is greedy, so sampling and streaming are refused."""
-    try:
-        payload = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise BadRequest(f"malformed JSON: {err}") from None
-    if not isinstance(payload, dict):
-        raise BadRequest("body must be a JSON object with 'messages'")
+    payload = http.json_object(body, "with 'messages'")
     messages = payload.get("messages")
     if not isinstance(messages, list) or not all(isinstance(m, dict) and isinstance(m.get("content"), str)
                                                  for m in messages):
@@ -431,20 +421,9 @@ def make_app(scheduler: Scheduler, base: GenerateOptions, limits: Limits, model_
     async def metrics(request: web.Request) -> web.Response:
         return web.json_response(scheduler.snapshot())
 
-    async def on_startup(app: web.Application) -> None:
-        await scheduler.start()
-
-    async def on_cleanup(app: web.Application) -> None:
-        await scheduler.stop()
-
-    app = web.Application(client_max_size=limits.max_body_bytes, middlewares=[http.json_errors])
+    app = http.application(limits.max_body_bytes, [("POST", "/generate", generate), ("POST", "/v1/chat/completions", chat),
+                                                    ("GET", "/health", health), ("GET", "/metrics", metrics)], scheduler)
     app[SCHEDULER] = scheduler
-    app.router.add_post("/generate", generate)
-    app.router.add_post("/v1/chat/completions", chat)
-    app.router.add_get("/health", health)
-    app.router.add_get("/metrics", metrics)
-    app.on_startup.append(on_startup)
-    app.on_cleanup.append(on_cleanup)
     return app
 
 
@@ -473,6 +452,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-rounds-limit", type=int, default=LIMITS.max_rounds, help="most rounds a request may ask for")
     p.add_argument("--max-body-bytes", type=int, default=LIMITS.max_body_bytes)
     p.add_argument("--timeout", type=float, default=LIMITS.timeout_s, help="a request's deadline in seconds")
+    p.add_argument("--compile-cache", metavar="DIR",
+                   help="keep compiled programs in DIR (JAX's persistent cache): a restart warms up from it")
 
 
 def build(args: argparse.Namespace) -> tuple[Scheduler, GenerateOptions, Limits]:
@@ -490,7 +471,13 @@ def build(args: argparse.Namespace) -> tuple[Scheduler, GenerateOptions, Limits]
     if not 1 <= args.ndocs <= limits.max_ndocs or not 1 <= args.max_rounds <= limits.max_rounds:
         raise CLIError("--ndocs and --max-rounds must be within --max-ndocs and --max-rounds-limit")
     opts = options_from_args(args)
+    if args.compile_cache:
+        import jax
+
+        jax.config.update("jax_compilation_cache_dir", args.compile_cache)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     shapes = Shapes(questions=args.batch_size, ndocs=limits.max_ndocs, prompt_tokens=args.max_prompt_tokens,
+                    passage_tokens=args.max_passage_tokens + PASSAGE_MARKERS,
                     suffix_tokens=limits.max_ndocs * (args.max_passage_tokens + 2) + 1)  # the naive baseline's row
     session = Session.load(args, shapes)
     import jax

@@ -11,7 +11,6 @@ query list, an over-long query or k out of range get 400, all as `{"error": "...
 from __future__ import annotations
 
 import asyncio
-import json
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -36,12 +35,7 @@ class ServerConfig:
 
 def parse_request(body: bytes, config: ServerConfig) -> tuple[list[str], int]:
     """The queries and k of a /retrieve body, or BadRequest naming the field."""
-    try:
-        payload = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise BadRequest(f"malformed JSON: {err}") from None
-    if not isinstance(payload, dict):
-        raise BadRequest('body must be a JSON object {"queries": [...], "k": int}')
+    payload = http.json_object(body, '{"queries": [...], "k": int}')
     queries = payload.get("queries")
     if not isinstance(queries, list) or not all(isinstance(q, str) for q in queries):
         raise BadRequest("field 'queries' must be a list of strings")
@@ -151,18 +145,8 @@ def make_app(retriever: SupportsRetrieve, config: ServerConfig = ServerConfig(),
             return http.error(500, f"retrieval failed: {type(err).__name__}: {err}")
         return web.json_response({"results": results})
 
-    async def on_startup(app: web.Application) -> None:
-        await batcher.start()
-
-    async def on_cleanup(app: web.Application) -> None:
-        await batcher.stop()
-
-    app = web.Application(client_max_size=config.max_body_bytes, middlewares=[http.json_errors])
+    app = http.application(config.max_body_bytes, [("GET", "/health", health), ("POST", "/retrieve", retrieve)], batcher)
     app[BATCHER] = batcher
-    app.router.add_get("/health", health)
-    app.router.add_post("/retrieve", retrieve)
-    app.on_startup.append(on_startup)
-    app.on_cleanup.append(on_cleanup)
     return app
 
 
