@@ -57,11 +57,11 @@ class Limits:
     max_queue: int = 1024  # waiting requests; more get 503
 
 
-# options a request may override -> the check of its value
 def _number(v):
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
+# options a request may override -> the check of its value
 OVERRIDES: dict[str, Callable[[Any], bool]] = {
     "mode": lambda v: v in MODES, "threshold": _number, "threshold_rule": lambda v: v in THRESHOLD_RULES,
     "ndocs": lambda v: isinstance(v, int) and not isinstance(v, bool), "pipeline": lambda v: v in PIPELINES,
