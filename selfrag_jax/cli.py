@@ -68,7 +68,11 @@ def main(argv: list[str] | None = None) -> int:
             parser.parse_args(argv)  # prints the usage error of a group without a subcommand
         parser.print_help()
         return 0 if not argv or argv[0] in ("-h", "--help") else 2
-    module = importlib.import_module(known._module)
+    try:
+        module = importlib.import_module(known._module)
+    except ImportError as err:  # an optional extra this command needs (the message names it)
+        print(f"selfrag-jax {known._name}: error: {err}", file=sys.stderr)
+        return 2
     sub = known._parser
     module.add_arguments(sub, known._name) if _takes_name(module.add_arguments) else module.add_arguments(sub)
     args = parser.parse_args(argv)

@@ -244,3 +244,13 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def test_serve_without_aiohttp_names_the_extra(monkeypatch, capsys):
+    from selfrag_jax.cli import main
+
+    monkeypatch.setitem(sys.modules, "aiohttp", None)  # as if not installed
+    for name in ("selfrag_jax.inference.server", "selfrag_jax.http"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    assert main(["serve", "--model", MODEL]) == 2
+    assert "pip install 'selfrag-jax[serve]'" in capsys.readouterr().err

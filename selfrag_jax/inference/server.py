@@ -34,7 +34,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import numpy as np
-from aiohttp import web
+
+try:
+    from aiohttp import web
+except ImportError:  # the one optional dependency of `serve`
+    raise ImportError("serve needs aiohttp: pip install 'selfrag-jax[serve]'") from None
 
 from selfrag_jax import http
 from selfrag_jax.http import BadRequest
