@@ -228,7 +228,9 @@ def test_sigterm_finishes_accepted_requests_then_exits(tmp_path):
         threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, post(url, record(i)))) for i in range(3)]
         for t in threads:
             t.start()
-        while get(url, "/metrics")["queue_depth"] + get(url, "/metrics")["in_flight"] < 3:
+        deadline = time.time() + 60
+        while (m := get(url, "/metrics"))["queue_depth"] + m["in_flight"] + m["requests"].get("200", 0) < 3:
+            assert time.time() < deadline, m  # all three accepted (their batch normally still gathering)
             time.sleep(0.02)
         proc.send_signal(signal.SIGTERM)  # all three accepted, their batch still gathering
         for t in threads:
