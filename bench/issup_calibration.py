@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import RESULTS, machine_info, now, versions, write_result
+from bench.common import RESULTS, machine_info, now, repo_path, versions, write_result
 
 GOAL_AUC = 0.9
 
@@ -146,15 +146,15 @@ def main(argv=None) -> int:
     stated = np.array([it["stated"] for it in items])
     full, score = probs[:, 0], probs[:, 0] + 0.5 * probs[:, 1]
     result_auc, score_auc = auc(full[stated], full[~stated]), auc(score[stated], score[~stated])
-    by_attr = {a: auc(full[stated & m], full[~stated & m]) for a in sorted({it["attribute"] for it in items})
-               for m in [np.array([it["attribute"] == a for it in items])]}
+    attribute = np.array([it["attribute"] for it in items])
+    by_attr = {a: auc(full[stated & (attribute == a)], full[~stated & (attribute == a)]) for a in sorted(set(attribute))}
     rows = reliability(full, stated)
     png = RESULTS / f"{args.name}.png"
     plot(rows, png, f"IsSup of {Path(args.model).name}: AUC {result_auc:.3f}, n={len(items)}")
     summary = [{"what": "IsSup: p(Fully supported), answers the passage states vs invented values (AUC)",
                 "ours": f"{result_auc:.3f}", "peer": f"n={len(items)}", "ratio": None,
                 "goal": f">= {GOAL_AUC}", "met": result_auc >= GOAL_AUC}]
-    result = {"machine": machine_info(), "versions": versions(), "model": args.model, "n": len(items),
+    result = {"machine": machine_info(), "versions": versions(), "model": repo_path(args.model), "n": len(items),
               "auc_p_full": result_auc, "auc_paper_sup_score": score_auc, "auc_by_attribute": by_attr,
               "mean_p_full": {"stated": float(full[stated].mean()), "invented": float(full[~stated].mean())},
               "share_full_argmax": {"stated": float((probs[stated].argmax(1) == 0).mean()),

@@ -159,7 +159,7 @@ def test_server_shapes_on_a_mesh_compile_once_and_decide_the_same(folder, refere
     config, params, tok, _ = load_model(folder, shardings=placement.params)
     shapes = Shapes(questions=8, ndocs=5, prompt_tokens=64, suffix_tokens=96, min_rows=16, min_suffix=96)
     engine = Engine(params, config, ControlIds.from_tokenizer(tok), MAX_NEW, placement, shapes)
-    assert engine.warm_up() == len(shapes.prompt_ladder()) * (1 + len(shapes.segment_shapes()))
+    assert engine.warm_up() == len(shapes.prompt_ladder) * (1 + len(shapes.segment_shapes))
     warmed = engine.compiled_programs()
     sf = ShortForm(engine, tok, GenerateOptions(trace=True, retrieve=RetrieveOptions(mode="always")))
     got = [output_record(r, sf.opts) for r in sf.run(make_items(5, seed=3))]

@@ -20,8 +20,8 @@ passages by IsRel), so the K-fold decode of Self-RAG shrinks to the kept rows.
 
 Row counts and lengths are padded to buckets, so a whole evaluation compiles a handful of
 programs (`compiled_programs()` counts them). A server fixes them further (`Shapes`): every
-prefill has the same rows and a length floor, candidate rows and suffix lengths take a few
-steps, and `warm_up` compiles every program a request within those limits can need.
+prefill has the same rows, prompt lengths, candidate rows and suffix lengths take a few steps,
+and `warm_up` compiles every program a request within those limits can need.
 
 On a mesh (`Placement`), the programs are compiled with explicit shardings from the one rules
 table in `selfrag_jax.sharding`: parameters as in training, the KV cache with its rows over the
@@ -34,6 +34,7 @@ program, no per-host bookkeeping.
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass, replace
 from typing import Sequence
 
@@ -182,13 +183,16 @@ class Shapes:
     min_rows: int = 8
     min_suffix: int = 64
 
+    @functools.cached_property
     def prompt_ladder(self) -> tuple[int, ...]:
         top = bucket_length(self.prompt_tokens)
         return _doubling(max(MIN_LENGTH_BUCKET, top // 4), top)
 
+    @functools.cached_property
     def row_ladder(self) -> tuple[int, ...]:
         return _doubling(self.min_rows, self.questions * (self.ndocs + 1))
 
+    @functools.cached_property
     def suffix_ladder(self) -> tuple[int, ...]:
         """Powers of two and 1.5x them (64, 96, 128, 192 ...): a suffix pads by at most a third,
         not up to half (a 70-token passage ran as 128 under plain doubling)."""
@@ -197,12 +201,13 @@ class Shapes:
             steps.append(steps[-1] * 3 // 2 if steps[-1] & (steps[-1] - 1) == 0 else steps[-1] * 4 // 3)
         return tuple(steps)
 
-    def segment_shapes(self) -> list[tuple[int, int]]:
+    @functools.cached_property
+    def segment_shapes(self) -> tuple[tuple[int, int], ...]:
         """(rows, suffix) of every segment step a call within the limits can make (per prompt length)."""
-        one_passage = Shapes.fit(self.passage_tokens, self.suffix_ladder(), bucket_length)
-        per_question = Shapes.fit(self.questions, self.row_ladder(), bucket)
-        return [(rows, suffix) for rows in self.row_ladder() for suffix in self.suffix_ladder()
-                if suffix <= one_passage or rows <= per_question]
+        one_passage = Shapes.fit(self.passage_tokens, self.suffix_ladder, bucket_length)
+        per_question = Shapes.fit(self.questions, self.row_ladder, bucket)
+        return tuple((rows, suffix) for rows in self.row_ladder for suffix in self.suffix_ladder
+                     if suffix <= one_passage or rows <= per_question)
 
     @staticmethod
     def fit(n: int, ladder: Sequence[int], fallback) -> int:
@@ -332,7 +337,7 @@ class Engine:
         n = len(contexts)
         rows = list(contexts) + [[self.ids.pad]] * (self._context_rows(n) - n)
         longest = max(map(len, rows))
-        tokens, lengths = pad_batch(rows, self.ids.pad, Shapes.fit(longest, self.shapes.prompt_ladder(), bucket_length)
+        tokens, lengths = pad_batch(rows, self.ids.pad, Shapes.fit(longest, self.shapes.prompt_ladder, bucket_length)
                                     if self.shapes else bucket_length(longest))
         cache, ret_lp, greedy = self._call(self._prefill, self.params, tokens, lengths)
         ret_lp, greedy = np.asarray(ret_lp), np.asarray(greedy)
@@ -367,14 +372,14 @@ class Engine:
 
     def bucket_rows(self, n: int) -> int:
         if self.shapes:
-            n = Shapes.fit(n, self.shapes.row_ladder(), bucket)
+            n = Shapes.fit(n, self.shapes.row_ladder, bucket)
         return bucket_rows(n, self.row_multiple)
 
     def _context_rows(self, n: int) -> int:
         return self.bucket_rows(self.shapes.questions if self.shapes and n <= self.shapes.questions else n)
 
     def _suffix_length(self, n: int) -> int:
-        return Shapes.fit(n, self.shapes.suffix_ladder(), bucket_length) if self.shapes else bucket_length(n)
+        return Shapes.fit(n, self.shapes.suffix_ladder, bucket_length) if self.shapes else bucket_length(n)
 
     def warm_up(self) -> int:
         """Compile every program calls within `shapes` can need (prefill, and the segment step
@@ -383,9 +388,9 @@ class Engine:
             raise ValueError("warm_up needs the engine's Shapes")
         before = sum(self.compiled_programs().values())
         tokens = TokenCount(self.tokens.prefill, self.tokens.decode)
-        for prompt in self.shapes.prompt_ladder():
+        for prompt in self.shapes.prompt_ladder:
             state = self.prefill([[self.ids.pad] * prompt] * self.shapes.questions)
-            for rows, length in self.shapes.segment_shapes():
+            for rows, length in self.shapes.segment_shapes:
                 self.decode(state, [0] * rows, [[self.ids.pad] * length] * rows, [1] * rows)
         self.tokens = tokens  # warm-up is not work done for anyone
         return sum(self.compiled_programs().values()) - before

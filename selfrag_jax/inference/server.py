@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import math
 import time
 from collections import Counter, deque
@@ -42,7 +41,7 @@ except ImportError:  # the one optional dependency of `serve`
 
 from selfrag_jax import http
 from selfrag_jax.http import BadRequest
-from selfrag_jax.inference.items import Item, parse_item
+from selfrag_jax.inference.items import Item, item_from_record
 from selfrag_jax.inference.scoring import MODES, PIPELINES, THRESHOLD_RULES
 from selfrag_jax.inference.selfrag import PASSAGE_MARKERS, GenerateOptions, ShortForm, output_record
 
@@ -112,14 +111,20 @@ def request_options(base: GenerateOptions, overrides: Any, limits: Limits) -> Ge
 
 def parse_generate(body: bytes, base: GenerateOptions, limits: Limits) -> tuple[Item, GenerateOptions, float]:
     """(item, options, timeout) of a /generate body, or BadRequest."""
-    payload = http.json_object(body, '{"question": ..., "ctxs"?: [...], "options"?: {...}}')
+    return generate_request(http.json_object(body, '{"question": ..., "ctxs"?: [...], "options"?: {...}}'), base, limits)
+
+
+def generate_request(payload: dict, base: GenerateOptions, limits: Limits) -> tuple[Item, GenerateOptions, float]:
+    """(item, options, timeout) of a /generate request object (its `options` and `timeout_s`
+    taken out), or BadRequest naming the field."""
     opts = request_options(base, payload.pop("options", None), limits)
     timeout = payload.pop("timeout_s", limits.timeout_s)
     if not _number(timeout) or not 0 < timeout <= limits.timeout_s:
         raise BadRequest(f"field 'timeout_s' must be a number of seconds in (0, {limits.timeout_s}]")
     text = payload.get("question", payload.get("instruction"))
-    if isinstance(text, str) and len(text) + len(str(payload.get("input", ""))) > limits.max_question_chars:
-        raise BadRequest(f"question has {len(text)} characters, at most {limits.max_question_chars} allowed")
+    chars = len(text) + len(str(payload.get("input", ""))) if isinstance(text, str) else 0
+    if chars > limits.max_question_chars:
+        raise BadRequest(f"question has {chars} characters, at most {limits.max_question_chars} allowed")
     ctxs = payload.get("ctxs")
     if isinstance(ctxs, list):
         if len(ctxs) > limits.max_ctxs:
@@ -128,10 +133,14 @@ def parse_generate(body: bytes, base: GenerateOptions, limits: Limits) -> tuple[
             if isinstance(c, dict) and len(str(c.get("title", ""))) + len(str(c.get("text", ""))) > limits.max_passage_chars:
                 raise BadRequest(f"ctxs[{i}] is over {limits.max_passage_chars} characters")
     try:
-        item = parse_item(json.dumps(payload), "request", opts.task)
+        item = item_from_record(payload, "request", opts.task)
     except ValueError as err:
         raise BadRequest(str(err)) from None
     return item, opts, float(timeout)
+
+
+# sampling settings that still mean greedy decoding
+GREEDY = {"temperature": (0,), "top_p": (0, 1)}
 
 
 def parse_chat(body: bytes, base: GenerateOptions, limits: Limits) -> tuple[Item, GenerateOptions, float, str]:
@@ -150,12 +159,11 @@ def parse_chat(body: bytes, base: GenerateOptions, limits: Limits) -> tuple[Item
         raise BadRequest("stream=true: this server answers whole responses only")
     if payload.get("n", 1) != 1:
         raise BadRequest(f"n={payload['n']}: this server returns one choice")
-    for key in ("temperature", "top_p"):
-        if key in payload and payload[key] not in (0, 1 if key == "top_p" else 0):
+    for key, greedy in GREEDY.items():
+        if key in payload and payload[key] not in greedy:
             raise BadRequest(f"{key}={payload[key]}: Self-RAG decodes greedily (temperature 0)")
     request = {"question": users[-1], "options": payload.get("selfrag"), "timeout_s": payload.get("timeout_s", limits.timeout_s)}
-    item, opts, timeout = parse_generate(json.dumps(request).encode(), base, limits)
-    return item, opts, timeout, str(payload.get("model", ""))
+    return (*generate_request(request, base, limits), str(payload.get("model", "")))
 
 
 @dataclass
@@ -200,12 +208,11 @@ class Metrics:
         self.status: Counter = Counter()
         self.batch_sizes: Counter = Counter()
         self.latencies: deque = deque(maxlen=window)
-        self.answered = self.retrieved = self.refused = self.dropped = 0
+        self.retrieved = self.refused = self.dropped = 0
 
     def answer(self, answer: Answer, latency: float) -> None:
         self.status[answer.status] += 1
         if answer.status == 200:
-            self.answered += 1
             self.latencies.append(latency)
             self.retrieved += bool(answer.body.get("retrieved"))
             self.refused += bool(answer.body.get("refused"))
@@ -213,13 +220,13 @@ class Metrics:
     def snapshot(self) -> dict[str, Any]:
         lat = np.asarray(self.latencies, float)
         pct = {f"p{q}": float(np.percentile(lat, q)) if lat.size else None for q in (50, 95, 99)}
-        batches = sum(self.batch_sizes.values())
+        batches, answered = sum(self.batch_sizes.values()), self.status[200]
         return {"requests": dict(sorted((str(k), v) for k, v in self.status.items())), "dropped": self.dropped,
                 "batches": batches, "batch_size_mean": (sum(k * v for k, v in self.batch_sizes.items()) / batches
                                                         if batches else None),
                 "batch_sizes": {str(k): v for k, v in sorted(self.batch_sizes.items())}, "latency_s": pct,
-                "retrieval_rate": self.retrieved / self.answered if self.answered else None,
-                "refusal_rate": self.refused / self.answered if self.answered else None}
+                "retrieval_rate": self.retrieved / answered if answered else None,
+                "refusal_rate": self.refused / answered if answered else None}
 
 
 class Scheduler:
@@ -367,7 +374,6 @@ class Scheduler:
                 "programs_warmed_up": self.programs_after_warm_up, "warm_up_s": self.warm_up_s,
                 "programs_compiled_after_warm_up": sum(self.engine.compiled_programs().values())
                 - self.programs_after_warm_up}
-
 
 
 # --------------------------------------------------------------------------------------
