@@ -73,6 +73,14 @@ def median_time(fn: Callable[[], Any], repeats: int = 3) -> tuple[float, list[fl
     return statistics.median(times), times
 
 
+def repo_path(path: str | Path) -> str:
+    """A path as results files may record it: relative to the repository when inside it, else
+    the file or folder name (never a development machine's absolute path)."""
+    resolved = Path(path).resolve()
+    root = RESULTS.parents[1]
+    return str(resolved.relative_to(root)) if resolved.is_relative_to(root) else resolved.name
+
+
 def now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 

@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve-retrieval": ("selfrag_jax.retrieval.cli", "HTTP retrieval service over an index folder"),
     "data preview": ("selfrag_jax.data.preview", "show how examples are tokenized and which tokens carry loss"),
     "generate": ("selfrag_jax.inference.cli", "Self-RAG inference (short or long form) over a JSON-lines file"),
+    "serve": ("selfrag_jax.inference.server", "Self-RAG answers over HTTP, batched across requests (POST /generate)"),
     "compare": ("selfrag_jax.evaluation.compare", "two pipelines on the same inputs: accuracy, faithfulness, refusal, latency"),
     "eval": ("selfrag_jax.evaluation.evaluate", "metrics of a predictions file (released match, EM, F1, ASQA citations)"),
     "sweep": ("selfrag_jax.evaluation.sweep_cli", "re-rank a --cache under a grid of weights and thresholds (CSV + plots)"),
@@ -67,7 +68,11 @@ def main(argv: list[str] | None = None) -> int:
             parser.parse_args(argv)  # prints the usage error of a group without a subcommand
         parser.print_help()
         return 0 if not argv or argv[0] in ("-h", "--help") else 2
-    module = importlib.import_module(known._module)
+    try:
+        module = importlib.import_module(known._module)
+    except ImportError as err:  # an optional extra this command needs (the message names it)
+        print(f"selfrag-jax {known._name}: error: {err}", file=sys.stderr)
+        return 2
     sub = known._parser
     module.add_arguments(sub, known._name) if _takes_name(module.add_arguments) else module.add_arguments(sub)
     args = parser.parse_args(argv)

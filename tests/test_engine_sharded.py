@@ -18,7 +18,7 @@ from jax.sharding import PartitionSpec as P
 from test_inference import FakeRetriever, make_items, make_selfrag_model
 
 from selfrag_jax import sharding
-from selfrag_jax.inference.engine import ControlIds, Engine, Placement
+from selfrag_jax.inference.engine import ControlIds, Engine, Placement, Shapes
 from selfrag_jax.inference.items import parse_item
 from selfrag_jax.inference.longform import LongForm
 from selfrag_jax.inference.scoring import RetrieveOptions
@@ -150,3 +150,21 @@ def test_placed_loading_equals_host_loading(folder, rules):
     for (path, want), got in zip(jax.tree_util.tree_flatten_with_path(host)[0], jax.tree.leaves(placed)):
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want), err_msg=jax.tree_util.keystr(path))
     assert placed["layers"]["attn"]["wq"].sharding.spec[-1] == ("tensor" if rules != "default" else None)
+
+
+def test_server_shapes_on_a_mesh_compile_once_and_decide_the_same(folder, reference):
+    """`serve`'s fixed shapes on a mesh: warm_up compiles every program, the questions then
+    compile nothing more, and every decision equals the single-device engine's."""
+    placement = Placement(sharding.make_mesh("2,1,4"))
+    config, params, tok, _ = load_model(folder, shardings=placement.params)
+    shapes = Shapes(questions=8, ndocs=5, prompt_tokens=64, suffix_tokens=96, min_rows=16, min_suffix=96)
+    engine = Engine(params, config, ControlIds.from_tokenizer(tok), MAX_NEW, placement, shapes)
+    assert engine.warm_up() == len(shapes.prompt_ladder) * (1 + len(shapes.segment_shapes))
+    warmed = engine.compiled_programs()
+    sf = ShortForm(engine, tok, GenerateOptions(trace=True, retrieve=RetrieveOptions(mode="always")))
+    got = [output_record(r, sf.opts) for r in sf.run(make_items(5, seed=3))]
+    assert engine.compiled_programs() == warmed
+    for a, b in zip(got, reference["always"]):
+        fa, fb = [], []
+        assert split(a, fa) == split(b, fb)
+        np.testing.assert_allclose(fa, fb, atol=1e-5)

@@ -32,6 +32,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input", required=True, help="JSON lines: question|instruction, ctxs?, answers?, ...")
     p.add_argument("--output", required=True, help="JSON lines of predictions (written atomically)")
     add_engine_arguments(p)
+    add_answer_arguments(p)
+    p.add_argument("--cache", metavar="DIR", help="write what `sweep` needs (both paths) to DIR")
+
+
+def add_answer_arguments(p: argparse.ArgumentParser) -> None:
+    """Flags `generate` and `serve` share (`compare` sets these itself): pipeline, refusal, rounds."""
     p.add_argument("--pipeline", choices=PIPELINES, default="selfrag",
                    help="selfrag, or a baseline in the same engine: naive (top-k passages in one prompt), "
                         "top1 (standard RAG), none (no retrieval)")
@@ -42,7 +48,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-refuse", dest="refuse", action="store_false")
     p.add_argument("--max-rounds", type=int, default=CORRECTIVE.max_rounds,
                    help="corrective re-retrieval: up to this many retrieval rounds when every passage is irrelevant")
-    p.add_argument("--cache", metavar="DIR", help="write what `sweep` needs (both paths) to DIR")
 
 
 def add_engine_arguments(p: argparse.ArgumentParser) -> None:
@@ -195,9 +200,10 @@ class Session:
     long_form: bool = False
 
     @classmethod
-    def load(cls, args: argparse.Namespace) -> "Session":
-        """The engine on `--mesh` in `--dtype`. On a multi-host slice every process joins one
-        SPMD program (a data-parallel mesh over all hosts' devices unless `--mesh` says)."""
+    def load(cls, args: argparse.Namespace, shapes=None) -> "Session":
+        """The engine on `--mesh` in `--dtype` (padded to `shapes`, for a server). On a multi-host
+        slice every process joins one SPMD program (a data-parallel mesh over all hosts' devices
+        unless `--mesh` says)."""
         import jax
 
         from selfrag_jax import distributed
@@ -205,7 +211,7 @@ class Session:
 
         distributed.initialize()
         mesh = args.mesh or ("data=-1" if jax.process_count() > 1 else None)
-        engine, tok = Engine.load(args.model, args.max_new_tokens, mesh, args.dtype)
+        engine, tok = Engine.load(args.model, args.max_new_tokens, mesh, args.dtype, shapes=shapes)
         return cls(engine, tok, make_retriever(args), args.long_form)
 
     def runner(self, opts):

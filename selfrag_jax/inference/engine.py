@@ -19,7 +19,9 @@ IsRel probabilities; `decode_rows` then decodes only the rows the host kept (the
 passages by IsRel), so the K-fold decode of Self-RAG shrinks to the kept rows.
 
 Row counts and lengths are padded to buckets, so a whole evaluation compiles a handful of
-programs (`compiled_programs()` counts them).
+programs (`compiled_programs()` counts them). A server fixes them further (`Shapes`): every
+prefill has the same rows, prompt lengths, candidate rows and suffix lengths take a few steps,
+and `warm_up` compiles every program a request within those limits can need.
 
 On a mesh (`Placement`), the programs are compiled with explicit shardings from the one rules
 table in `selfrag_jax.sharding`: parameters as in training, the KV cache with its rows over the
@@ -32,7 +34,8 @@ program, no per-host bookkeeping.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import jax
@@ -163,6 +166,62 @@ class TokenCount:
 
 
 @dataclass(frozen=True)
+class Shapes:
+    """The few shapes a server pads every call to, so that `Engine.warm_up` compiles them all
+    before the first request: prefill always has `questions` rows; prompts double from a
+    quarter of `prompt_tokens`; candidate rows double from `min_rows` up to every question's
+    `ndocs` passages and its no-retrieval row; suffixes grow from `min_suffix` in steps of 1.5x
+    and 4/3x, up to one passage (`passage_tokens`) for any rows and up to `suffix_tokens` (the
+    naive baseline's row of all passages) for one row per question. Anything larger falls back
+    to the buckets and compiles when met. Finer steps pad less but multiply the programs."""
+
+    questions: int = 8
+    ndocs: int = 5
+    prompt_tokens: int = 128
+    passage_tokens: int = 195  # one passage row, its markers included
+    suffix_tokens: int = 512  # the longest row
+    min_rows: int = 8
+    min_suffix: int = 64
+
+    @functools.cached_property
+    def prompt_ladder(self) -> tuple[int, ...]:
+        top = bucket_length(self.prompt_tokens)
+        return _doubling(max(MIN_LENGTH_BUCKET, top // 4), top)
+
+    @functools.cached_property
+    def row_ladder(self) -> tuple[int, ...]:
+        return _doubling(self.min_rows, self.questions * (self.ndocs + 1))
+
+    @functools.cached_property
+    def suffix_ladder(self) -> tuple[int, ...]:
+        """Powers of two and 1.5x them (64, 96, 128, 192 ...): a suffix pads by at most a third,
+        not up to half (a 70-token passage ran as 128 under plain doubling)."""
+        steps = [self.min_suffix]
+        while steps[-1] < self.suffix_tokens:
+            steps.append(steps[-1] * 3 // 2 if steps[-1] & (steps[-1] - 1) == 0 else steps[-1] * 4 // 3)
+        return tuple(steps)
+
+    @functools.cached_property
+    def segment_shapes(self) -> tuple[tuple[int, int], ...]:
+        """(rows, suffix) of every segment step a call within the limits can make (per prompt length)."""
+        one_passage = Shapes.fit(self.passage_tokens, self.suffix_ladder, bucket_length)
+        per_question = Shapes.fit(self.questions, self.row_ladder, bucket)
+        return tuple((rows, suffix) for rows in self.row_ladder for suffix in self.suffix_ladder
+                     if suffix <= one_passage or rows <= per_question)
+
+    @staticmethod
+    def fit(n: int, ladder: Sequence[int], fallback) -> int:
+        return next((x for x in ladder if x >= n), None) or fallback(n)
+
+
+def _doubling(start: int, top: int) -> tuple[int, ...]:
+    steps = [start]
+    while steps[-1] < top:
+        steps.append(steps[-1] * 2)
+    return tuple(steps)
+
+
+@dataclass(frozen=True)
 class Placement:
     """Where the engine runs: a mesh and the logical-axis rules (the training defaults)."""
 
@@ -218,8 +277,13 @@ class Engine:
     `models.checkpoint.load_model(..., shardings=placement.params(config))`)."""
 
     def __init__(self, params, config: LlamaConfig, ids: ControlIds, max_new_tokens: int,
-                 placement: Placement | None = None):
+                 placement: Placement | None = None, shapes: Shapes | None = None):
         self.params = params
+        if shapes is not None:  # no suffix is longer than the model leaves beside an answer
+            most = config.max_position_embeddings - max_new_tokens
+            shapes = replace(shapes, suffix_tokens=min(shapes.suffix_tokens, most),
+                             passage_tokens=min(shapes.passage_tokens, shapes.suffix_tokens, most))
+        self.shapes = shapes
         self.config = config
         self.ids = ids
         self.max_new_tokens = int(max_new_tokens)
@@ -242,7 +306,7 @@ class Engine:
 
     @classmethod
     def load(cls, model: str, max_new_tokens: int, mesh: str | None = None, dtype: str = "float32",
-             rules: sharding.LogicalRules = sharding.DEFAULT_RULES):
+             rules: sharding.LogicalRules = sharding.DEFAULT_RULES, shapes: Shapes | None = None):
         """(engine, tokenizer) of a checkpoint, HF folder or GGUF file; with `mesh` (a mesh spec as `train`
         takes it) the parameters load straight into their shardings, in `dtype`."""
         from selfrag_jax.models.checkpoint import load_model
@@ -251,7 +315,7 @@ class Engine:
         config, params, tok, _ = load_model(model, shardings=placement.params if placement else None, dtype=dtype)
         if tok is None:
             raise ValueError(f"{model}: no tokenizer files next to the model")
-        return cls(params, config, ControlIds.from_tokenizer(tok), max_new_tokens, placement), tok
+        return cls(params, config, ControlIds.from_tokenizer(tok), max_new_tokens, placement, shapes), tok
 
     @staticmethod
     def _check_placement(config: LlamaConfig, placement: Placement) -> None:
@@ -271,8 +335,10 @@ class Engine:
 
     def prefill(self, contexts: Sequence[Sequence[int]]) -> ContextState:
         n = len(contexts)
-        rows = list(contexts) + [[self.ids.pad]] * (self.bucket_rows(n) - n)
-        tokens, lengths = pad_batch(rows, self.ids.pad, bucket_length(max(map(len, rows))))
+        rows = list(contexts) + [[self.ids.pad]] * (self._context_rows(n) - n)
+        longest = max(map(len, rows))
+        tokens, lengths = pad_batch(rows, self.ids.pad, Shapes.fit(longest, self.shapes.prompt_ladder, bucket_length)
+                                    if self.shapes else bucket_length(longest))
         cache, ret_lp, greedy = self._call(self._prefill, self.params, tokens, lengths)
         ret_lp, greedy = np.asarray(ret_lp), np.asarray(greedy)
         self.tokens.prefill += int(lengths[:n].sum())
@@ -305,7 +371,29 @@ class Engine:
         return self._segments(out, n)
 
     def bucket_rows(self, n: int) -> int:
+        if self.shapes:
+            n = Shapes.fit(n, self.shapes.row_ladder, bucket)
         return bucket_rows(n, self.row_multiple)
+
+    def _context_rows(self, n: int) -> int:
+        return self.bucket_rows(self.shapes.questions if self.shapes and n <= self.shapes.questions else n)
+
+    def _suffix_length(self, n: int) -> int:
+        return Shapes.fit(n, self.shapes.suffix_ladder, bucket_length) if self.shapes else bucket_length(n)
+
+    def warm_up(self) -> int:
+        """Compile every program calls within `shapes` can need (prefill, and the segment step
+        at each candidate-row and suffix size); returns how many programs that compiled."""
+        if self.shapes is None:
+            raise ValueError("warm_up needs the engine's Shapes")
+        before = sum(self.compiled_programs().values())
+        tokens = TokenCount(self.tokens.prefill, self.tokens.decode)
+        for prompt in self.shapes.prompt_ladder:
+            state = self.prefill([[self.ids.pad] * prompt] * self.shapes.questions)
+            for rows, length in self.shapes.segment_shapes:
+                self.decode(state, [0] * rows, [[self.ids.pad] * length] * rows, [1] * rows)
+        self.tokens = tokens  # warm-up is not work done for anyone
+        return sum(self.compiled_programs().values()) - before
 
     def _padded(self, values: Sequence[int]) -> np.ndarray:
         """int32 [bucket rows of n]: the values, then zeros (padding rows)."""
@@ -316,7 +404,7 @@ class Engine:
     def _suffix_batch(self, src: Sequence[int], suffixes: Sequence[Sequence[int]]):
         """(context row per row, suffix tokens, suffix lengths), rows and length bucketed."""
         rows = list(suffixes) + [[self.ids.pad]] * (self.bucket_rows(len(src)) - len(src))
-        tokens, lengths = pad_batch(rows, self.ids.pad, bucket_length(max(map(len, rows))))
+        tokens, lengths = pad_batch(rows, self.ids.pad, self._suffix_length(max(map(len, rows))))
         return self._padded(src), tokens, lengths
 
     def _limits(self, n: int, limits: Sequence[int] | None) -> np.ndarray:

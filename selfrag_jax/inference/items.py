@@ -49,6 +49,11 @@ def parse_item(line: str, where: str, task: str = "open", default_id: str = "0")
         raise ValueError(f"{where}: malformed JSON ({err.msg})") from None
     if not isinstance(record, dict):
         raise ValueError(f"{where}: expected a JSON object")
+    return item_from_record(record, where, task, default_id)
+
+
+def item_from_record(record: dict[str, Any], where: str, task: str = "open", default_id: str = "0") -> Item:
+    """A parsed record (a `generate` line, or a `serve` request) checked and made an Item."""
     question = record.get("question", record.get("instruction"))
     if not isinstance(question, str) or not question.strip():
         raise ValueError(f"{where}: record has no 'question' or 'instruction' string")

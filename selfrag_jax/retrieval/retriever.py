@@ -82,13 +82,14 @@ class Retriever:
             return []
         return self.search_vectors(self.encoder.encode(list(queries)), k)
 
-    def warmup(self, max_batch: int = 16) -> None:
-        """Compiles the encoder for short-query batches of 1, 2, 4 .. max_batch rows, so the
-        first requests of a service do not pay for compilation."""
+    def warmup(self, max_batch: int = 16, max_tokens: int = 24) -> None:
+        """Compiles the encoder for query batches of 1, 2, 4 .. max_batch rows at each length
+        bucket up to `max_tokens`, so the first requests of a service do not pay for compilation."""
+        lengths = [b for b in self.encoder.buckets if b <= max_tokens] or [min(self.encoder.buckets)]
         rows = 1
         while rows <= max_batch:
-            for text in ("warm up", "a somewhat longer warm-up query that needs the next length bucket up"):
-                self.retrieve([text] * rows, 1)
+            for length in lengths:
+                self.retrieve([" ".join(["a"] * (length - 2))] * rows, 1)  # [CLS] a a ... [SEP]
             rows *= 2
 
     def search_vectors(self, vectors: np.ndarray, k: int) -> list[list[Hit]]:

@@ -11,15 +11,13 @@ query list, an over-long query or k out of range get 400, all as `{"error": "...
 from __future__ import annotations
 
 import asyncio
-import json
-import signal
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
 
 from aiohttp import web
 
+from selfrag_jax import http
+from selfrag_jax.http import BadRequest
 from selfrag_jax.retrieval.retriever import Hit, SupportsRetrieve
 
 
@@ -35,18 +33,9 @@ class ServerConfig:
     max_batch: int = 128  # queries per batched encode + search
 
 
-class BadRequest(ValueError):
-    pass
-
-
 def parse_request(body: bytes, config: ServerConfig) -> tuple[list[str], int]:
     """The queries and k of a /retrieve body, or BadRequest naming the field."""
-    try:
-        payload = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise BadRequest(f"malformed JSON: {err}") from None
-    if not isinstance(payload, dict):
-        raise BadRequest('body must be a JSON object {"queries": [...], "k": int}')
+    payload = http.json_object(body, '{"queries": [...], "k": int}')
     queries = payload.get("queries")
     if not isinstance(queries, list) or not all(isinstance(q, str) for q in queries):
         raise BadRequest("field 'queries' must be a list of strings")
@@ -139,99 +128,36 @@ def make_app(retriever: SupportsRetrieve, config: ServerConfig = ServerConfig(),
     batcher = QueryBatcher(retriever, config)
     count = passages if passages is not None else int(getattr(retriever, "size", 0))
 
-    @web.middleware
-    async def json_errors(request: web.Request, handler):
-        try:
-            return await handler(request)
-        except web.HTTPException as err:
-            if err.status < 400:
-                raise
-            return web.json_response({"error": err.reason}, status=err.status)
-
     async def health(request: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "passages": count})
 
     async def retrieve(request: web.Request) -> web.Response:
-        if request.content_length is not None and request.content_length > config.max_body_bytes:
-            return _error(413, f"body of {request.content_length} bytes is over the limit of {config.max_body_bytes}")
-        try:
-            body = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            return _error(413, f"body is over the limit of {config.max_body_bytes} bytes")
+        body = await http.read_body(request, config.max_body_bytes)
+        if isinstance(body, web.Response):
+            return body
         try:
             queries, k = parse_request(body, config)
         except BadRequest as err:
-            return _error(400, str(err))
+            return http.error(400, str(err))
         try:
             results = await batcher.submit(queries, k)
         except Exception as err:  # noqa: BLE001
-            return _error(500, f"retrieval failed: {type(err).__name__}: {err}")
+            return http.error(500, f"retrieval failed: {type(err).__name__}: {err}")
         return web.json_response({"results": results})
 
-    async def on_startup(app: web.Application) -> None:
-        await batcher.start()
-
-    async def on_cleanup(app: web.Application) -> None:
-        await batcher.stop()
-
-    app = web.Application(client_max_size=config.max_body_bytes, middlewares=[json_errors])
+    app = http.application(config.max_body_bytes, [("GET", "/health", health), ("POST", "/retrieve", retrieve)], batcher)
     app[BATCHER] = batcher
-    app.router.add_get("/health", health)
-    app.router.add_post("/retrieve", retrieve)
-    app.on_startup.append(on_startup)
-    app.on_cleanup.append(on_cleanup)
     return app
-
-
-def _error(status: int, message: str) -> web.Response:
-    return web.json_response({"error": message}, status=status)
-
-
-async def _start(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    await site.start()
-    return runner, runner.addresses[0][1]
 
 
 def serve(retriever: SupportsRetrieve, config: ServerConfig = ServerConfig(), log=print) -> None:
     """Serves until SIGINT/SIGTERM (the CLI's `serve-retrieval`)."""
-
-    async def main() -> None:
-        runner, port = await _start(make_app(retriever, config), config.host, config.port)
-        log(f"serving {getattr(retriever, 'size', '?')} passages on http://{config.host}:{port} (POST /retrieve, GET /health)")
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
-        await runner.cleanup()
-
-    asyncio.run(main())
+    http.serve_until_signal(make_app(retriever, config), config.host, config.port, log=log, banner=lambda port: (
+        f"serving {getattr(retriever, 'size', '?')} passages on http://{config.host}:{port} (POST /retrieve, GET /health)"))
 
 
-class BackgroundServer:
+class BackgroundServer(http.BackgroundServer):
     """The service on a thread of this process (tests, demos): `with BackgroundServer(r) as s: s.url`."""
 
     def __init__(self, retriever: SupportsRetrieve, config: ServerConfig = ServerConfig(port=0)):
-        self.retriever = retriever
-        self.config = config
-        self.url = ""
-        self.app: web.Application | None = None
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="retrieval-server", daemon=True)
-        self._runner: web.AppRunner | None = None
-
-    def __enter__(self) -> "BackgroundServer":
-        self._thread.start()
-        self.app = make_app(self.retriever, self.config)
-        future = asyncio.run_coroutine_threadsafe(_start(self.app, self.config.host, self.config.port), self._loop)
-        self._runner, port = future.result(timeout=30)
-        self.url = f"http://{self.config.host}:{port}"
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(timeout=30)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=10)
+        super().__init__(lambda: make_app(retriever, config), config.host, config.port)
