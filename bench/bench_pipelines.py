@@ -21,11 +21,11 @@
 `python -m bench.bench_pipelines --world --model DIR --index DIR [--world-dir DIR]`
     -> bench/results/pipelines_world.json: the bundled-world numbers with the trained
     generator (the index folder's passages file locates the world unless --world-dir):
-    1. honest refusal: on world_qa + world_unanswerable, selfrag vs selfrag+refuse.
-       Goals: >= 80% of unanswerable questions refused; answerable accuracy within 5 points.
-       Then selfrag+refuse again at each IsRel threshold of --rel-curve: the trade-off curve
-       (results' `refusal_curve`, and a plot with --plot). A generator whose IsRel does not
-       tell the asked person's passages from look-alikes gives a flat curve.
+    1. honest refusal, on test splits only, with the support bar chosen on the dev splits
+       (the model's decoding.json, `demo.decoding.choose_refusal`): world_qa and each kind of
+       unanswerable question (eval/unanswerable/<kind>_test.jsonl), selfrag vs
+       selfrag+refuse. Goals: >= 80% of every kind refused; answerable accuracy within 5
+       points. --plot: the dev grid's trade-off, the chosen bar and where it lands on test.
     2. corrective re-retrieval: world_qa with passages from the index (clean), then with
        every passage of the asked person replaced by the next-ranked passages of others
        (distractors, as static `ctxs`), selfrag vs selfrag+crag (extra rounds from the
@@ -178,24 +178,30 @@ def with_distractors(records: list[dict[str, Any]], retrieve, entities: dict[str
 
 
 def world(args: argparse.Namespace) -> dict[str, Any]:
-    from selfrag_jax.inference.cli import Session
     from selfrag_jax.evaluation.compare import PipelineSpec, compare
+    from selfrag_jax.inference.cli import Session
     from selfrag_jax.inference.items import parse_item
+    from selfrag_jax.inference.settings import refusal_bar, settings_file
     from selfrag_jax.world.judges import WorldFactJudge
+    from selfrag_jax.world.unanswerable import KINDS
 
     world_dir = Path(args.world_dir) if args.world_dir else world_of_index(Path(args.index))
-    extra = ["--ndocs", str(args.ndocs), "--max-new-tokens", str(args.max_new_tokens),
+    found = settings_file(args.model)
+    settings = json.loads(found.read_text()) if found else {}
+    ndocs = args.ndocs or settings.get("ndocs", 5)
+    extra = ["--ndocs", str(ndocs), "--max-new-tokens", str(args.max_new_tokens),
              "--batch-size", str(args.batch_size), "--max-rounds", str(args.max_rounds), "--task", "open",
-             "--refuse-rel-threshold", str(args.refuse_rel_threshold),
              "--crag-rel-threshold", str(args.crag_rel_threshold)]
+    if args.refuse_rel_threshold is not None:
+        extra += ["--refuse-rel-threshold", str(args.refuse_rel_threshold)]
     cargs = world_args(args.model, args.index, extra)
     session = Session.load(cargs)
     judge = WorldFactJudge.from_world(world_dir)
     entities = {json.loads(line)["id"]: json.loads(line)
                 for line in (world_dir / "entities.jsonl").read_text().splitlines() if line.strip()}
     qa = read_jsonl(world_dir / "eval" / "world_qa.jsonl", args.n)
-    un = read_jsonl(world_dir / "eval" / "world_unanswerable.jsonl", args.n)
-    distracted = with_distractors(qa, session.retrieve_fn, entities, args.ndocs)
+    unanswerable = {k: read_jsonl(world_dir / "eval" / "unanswerable" / f"{k}_test.jsonl", args.n) for k in KINDS}
+    distracted = with_distractors(qa, session.retrieve_fn, entities, ndocs)
 
     def items(records):
         return [parse_item(json.dumps(r), f"world:{i + 1}", "open") for i, r in enumerate(records)]
@@ -203,68 +209,72 @@ def world(args: argparse.Namespace) -> dict[str, Any]:
     def run(parsed, names, flags=cargs):
         return compare(session, parsed, [PipelineSpec.parse(n) for n in names], flags, judge, warmup=False)
 
-    mixed = items(qa + un)
-    refusal = run(mixed, ("selfrag", "selfrag+refuse"))
-    curve = []  # the support bar's trade-off: refusals of unanswerable vs accuracy on answerable
-    for t in sorted({args.refuse_rel_threshold, *args.rel_curve}):
-        r = refusal["selfrag+refuse"] if t == args.refuse_rel_threshold else run(
-            mixed, ("selfrag+refuse",), argparse.Namespace(**{**vars(cargs), "refuse_rel_threshold": t}))["selfrag+refuse"]
-        curve.append({"rel_threshold": t, "refused_unanswerable": r["refusal_rate_unanswerable"],
-                      "refused_answerable": r["refusal_rate_answerable"], "accuracy": r["accuracy"]})
-    if args.plot:
-        plot_refusal_curve(curve, refusal["selfrag"]["accuracy"], Path(args.plot))
-    clean_runs = run(items(qa), ("selfrag", f"selfrag+keep{KEEP}"))
-    clean, kept = clean_runs["selfrag"], clean_runs[f"selfrag+keep{KEEP}"]
+    # Refusal on the test splits only, with the bar chosen on the dev splits (decoding.json).
+    answerable = run(items(qa), ("selfrag", "selfrag+refuse", f"selfrag+keep{KEEP}"))
+    refused = {k: run(items(r), ("selfrag", "selfrag+refuse")) for k, r in unanswerable.items()}
+    clean, kept = answerable["selfrag"], answerable[f"selfrag+keep{KEEP}"]
     crag = run(items(distracted), ("selfrag", "selfrag+crag"))
-    acc_drop = refusal["selfrag"]["accuracy"] - refusal["selfrag+refuse"]["accuracy"]
-    refused_un = refusal["selfrag+refuse"]["refusal_rate_unanswerable"]
+    acc_drop = clean["accuracy"] - answerable["selfrag+refuse"]["accuracy"]
     lost = clean["accuracy"] - crag["selfrag"]["accuracy"]
     recovered = crag["selfrag+crag"]["accuracy"] - crag["selfrag"]["accuracy"]
     share = recovered / lost if lost > 0 else None
+    bar = refusal_bar(args.model) if args.refuse_rel_threshold is None else (args.refuse_rel_threshold, None)
     summary = [
-        {"what": "world: unanswerable questions refused (selfrag+refuse)", "ours": f"{refused_un:.1%}",
-         "peer": f"{refusal['selfrag']['refusal_rate_unanswerable']:.1%} (selfrag)", "ratio": None,
-         "goal": "refused >= 80%", "met": refused_un >= 0.8},
-        {"what": "world: answerable accuracy, selfrag+refuse vs selfrag",
-         "ours": f"{refusal['selfrag+refuse']['accuracy']:.1%}", "peer": f"{refusal['selfrag']['accuracy']:.1%}",
+        {"what": f"world: {k} unanswerable questions refused (selfrag+refuse, test)",
+         "ours": f"{r['selfrag+refuse']['refusal_rate_unanswerable']:.1%}",
+         "peer": f"{r['selfrag']['refusal_rate_unanswerable']:.1%} (selfrag)", "ratio": None,
+         "goal": "refused >= 80%", "met": r["selfrag+refuse"]["refusal_rate_unanswerable"] >= 0.8}
+        for k, r in refused.items()
+    ] + [
+        {"what": "world: answerable accuracy, selfrag+refuse vs selfrag (test)",
+         "ours": f"{answerable['selfrag+refuse']['accuracy']:.1%}", "peer": f"{clean['accuracy']:.1%}",
          "ratio": None, "goal": "drop <= 5 points", "met": acc_drop <= 0.05},
         {"what": "world: distractor passages, accuracy recovered by selfrag+crag",
          "ours": f"{crag['selfrag+crag']['accuracy']:.1%}",
          "peer": f"{crag['selfrag']['accuracy']:.1%} distracted, {clean['accuracy']:.1%} clean",
          "ratio": share, "goal": "recovered >= half of the lost accuracy",
          "met": share is not None and share >= 0.5},
-        {"what": f"world: answerable accuracy, selfrag+keep{KEEP} (decodes {KEEP} of {args.ndocs}) vs selfrag",
+        {"what": f"world: answerable accuracy, selfrag+keep{KEEP} (decodes {KEEP} of {ndocs}) vs selfrag",
          "ours": f"{kept['accuracy']:.1%}", "peer": f"{clean['accuracy']:.1%}", "ratio": None,
          "goal": "drop <= 2 points", "met": clean["accuracy"] - kept["accuracy"] <= 0.02},
     ]
-    return {"world_dir": str(world_dir), "model": args.model, "index": args.index, "n_per_set": args.n,
-            "refuse_rel_threshold": args.refuse_rel_threshold, "crag_rel_threshold": args.crag_rel_threshold,
-            "refusal_curve": curve,
-            "refusal": refusal, "clean": clean, f"clean_keep{KEEP}": kept, "distractors": crag,
+    if args.plot and settings.get("refuse", {}).get("dev_grid"):
+        plot_refusal_tradeoff(settings["refuse"], refused, answerable, Path(args.plot))
+    return {"world_dir": str(world_dir), "model": args.model, "index": args.index, "n_per_set": args.n, "ndocs": ndocs,
+            "refusal_bar": None if bar is None else {
+                "rel_threshold": bar[0], "sup_threshold": bar[1],
+                "chosen_on": "dev splits (decoding.json)" if args.refuse_rel_threshold is None else "--refuse-rel-threshold"},
+            "crag_rel_threshold": args.crag_rel_threshold,
+            "answerable": answerable, "unanswerable": refused, "distractors": crag,
             "accuracy_drop_from_refusal": acc_drop, "crag_lost": lost, "crag_recovered": recovered,
             "summary": summary}
 
 
-def plot_refusal_curve(curve: list[dict[str, Any]], no_refusal_accuracy: float, path: Path) -> None:
-    """Refused unanswerable questions against accuracy on answerable ones, one point per
-    IsRel threshold of the support bar; the goal region is shaded."""
+def plot_refusal_tradeoff(dev: dict[str, Any], refused: dict[str, Any], answerable: dict[str, Any], path: Path) -> None:
+    """Every bar of the dev grid (its least-refused kind against answerable accuracy, both on
+    dev), the chosen one circled, and where that bar lands on each test kind."""
     from selfrag_jax.utils import pyplot
 
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(5, 3.5))
-    xs = [100 * c["refused_unanswerable"] for c in curve]
-    ys = [100 * c["accuracy"] for c in curve]
-    ax.plot(xs, ys, marker="o")
-    for c, x, y in zip(curve, xs, ys):
-        ax.annotate(f"{c['rel_threshold']:g}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
-    ax.axhline(100 * no_refusal_accuracy, color="grey", ls="--", lw=1, label="selfrag, no refusal")
-    ax.axhspan(100 * no_refusal_accuracy - 5, 100 * no_refusal_accuracy, xmin=0.8, color="green", alpha=0.1,
-               label="goal")
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    grid = dev["dev_grid"]
+    ax.scatter([100 * g["min_refused"] for g in grid], [100 * g["answerable"] for g in grid], s=10, color="0.6",
+               label="a bar on dev (its worst kind)")
+    ax.scatter([100 * min(v for k, v in dev["dev"].items() if k != "answerable")], [100 * dev["dev"]["answerable"]],
+               s=80, facecolors="none", edgecolors="C0",
+               label=f"chosen: rel > {dev['rel_threshold']:g}, sup > {dev['sup_threshold']:g}")
+    test_acc = 100 * answerable["selfrag+refuse"]["accuracy"]
+    for i, (kind, r) in enumerate(refused.items()):
+        ax.scatter([100 * r["selfrag+refuse"]["refusal_rate_unanswerable"]], [test_acc], marker="x", color=f"C{i + 1}",
+                   label=f"test: {kind}")
+    base = 100 * answerable["selfrag"]["accuracy"]
+    ax.axhline(base, color="grey", ls="--", lw=1, label="test: selfrag, no refusal")
+    ax.axhspan(base - 5, base, xmin=0.8, color="green", alpha=0.1, label="goal")
     ax.set_xlim(0, 100)
     ax.set_xlabel("unanswerable questions refused (%)")
     ax.set_ylabel("accuracy on answerable (%)")
-    ax.set_title("honest refusal: the IsRel bar (labels: threshold)", fontsize=9)
-    ax.legend(fontsize=8)
+    ax.set_title("honest refusal: bars chosen on dev, reported on test", fontsize=9)
+    ax.legend(fontsize=7, loc="lower left")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
@@ -288,20 +298,15 @@ def main(argv=None) -> int:
     parser.add_argument("--index", help="--world: the index of the world's passages")
     parser.add_argument("--world-dir", help="--world: the world folder (default: where the index's passages are)")
     parser.add_argument("--n", type=int, default=200, help="--world: questions per eval set")
-    parser.add_argument("--ndocs", type=int, default=5)
+    parser.add_argument("--ndocs", type=int, default=None, help="retrieval depth [--world: the model's decoding.json, else 5; 5]")
     parser.add_argument("--max-new-tokens", type=int, default=24)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--max-rounds", type=int, default=2)
-    # 0.99: read off the refusal curve of the bundled v6 generator (at 0.5 it refused 31% of
-    # unanswerable questions and CRAG recovered 30%); the engine's own defaults stay 0.5
-    parser.add_argument("--refuse-rel-threshold", type=float, default=0.99,
-                        help="--world: the support bar's IsRel threshold the goals are judged at [0.99]")
+    parser.add_argument("--refuse-rel-threshold", type=float, default=None,
+                        help="--world: the support bar's IsRel threshold [the bar chosen on the dev splits, decoding.json]")
     parser.add_argument("--crag-rel-threshold", type=float, default=0.99,
                         help="--world: re-retrieve when every passage's IsRel is below this [0.99]")
-    parser.add_argument("--rel-curve", type=lambda v: [float(x) for x in v.split(",") if x.strip()],
-                        default=[0.3, 0.5, 0.7, 0.8, 0.9, 0.95],
-                        help="--world: IsRel thresholds to rerun selfrag+refuse at (comma-separated; '' for none)")
-    parser.add_argument("--plot", help="--world: write the refusal curve here (PNG)")
+    parser.add_argument("--plot", help="--world: write the refusal trade-off here (PNG)")
     parser.add_argument("--repeats", type=int, help="latency: timed runs per pipeline and K, after one warm-up [3]")
     args = parser.parse_args(argv)
     result: dict[str, Any] = {"date": now(), "machine": machine_info(), "versions": versions("transformers")}

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from selfrag_jax.inference.settings import SETTINGS_FILE
+
 ASSETS = Path(__file__).resolve().parent / "assets" / "default"
-# Self-RAG's retrieval depth K chosen for a set of models on the dev split, kept beside them
-DEPTH_FILE = "decoding.json"
+# Self-RAG's retrieval depth K and refusal bar chosen for a set of models on dev data, kept beside them
+DEPTH_FILE = SETTINGS_FILE

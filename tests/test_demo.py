@@ -200,7 +200,7 @@ def test_pipeline_does_not_export_a_base_that_did_not_learn_to_read(tmp_path, mo
         out.mkdir()
         stages = pipeline.Stages(out, log=said.append, base_seed=4)
         for name in ("world", "index", "practice_index", "base", "anneal", "anneal2", "critic", "critic_reading",
-                     "annotate", "generator", "depth"):
+                     "annotate", "generator", "depth", "refusal"):
             stages.mark(name, {})
         stages.mark("base_reading", {"with_passage": reads})
         stages.run_all(force_export=force)
@@ -383,3 +383,32 @@ def test_annotate_stage_keeps_contrast_pairs_only_where_the_critic_rates_them_un
     assert contrast and all(unsupported)
     made = sum(r["contrast"]["made"] for r in report.values())
     assert len(out) == 200 + len(contrast) and made > len(contrast) == sum(r["contrast"]["kept"] for r in report.values())
+
+
+def test_pick_refusal_keeps_accuracy_then_raises_the_least_refused_kind():
+    import numpy as np
+
+    from selfrag_jax.demo.decoding import pick_refusal
+
+    bars = [(0.5, 0.5), (0.9, 0.5), (0.99, 0.5), (0.99, 0.9)]
+    answerable = np.array([0.90, 0.89, 0.875, 0.80])
+    refused = {"a": np.array([0.2, 0.6, 0.9, 1.0]), "b": np.array([0.3, 0.7, 0.5, 1.0])}
+    # the last bar refuses everything but costs 10 points; of the rest, (0.9, 0.5) has the best worst kind
+    assert pick_refusal(bars, answerable, refused, no_refusal=0.90, max_drop=0.03) == 1
+    assert pick_refusal(bars, answerable, refused, no_refusal=0.90, max_drop=0.2) == 3
+    # ties go to the lower bar; nothing within reach: the most accurate bar
+    assert pick_refusal(bars[:2], answerable[:2], {"a": np.array([0.5, 0.5])}, no_refusal=0.9) == 0
+    assert pick_refusal(bars, answerable - 0.5, refused, no_refusal=0.9) == 0
+
+
+def test_continue_budget_trains_the_shipped_models_again_without_a_base(tmp_path):
+    from selfrag_jax.bundled import ASSETS
+    from selfrag_jax.demo.pipeline import Stages
+
+    stages = Stages(tmp_path, budget="continue")
+    assert all(stages.skips(n) for n in ("base", "anneal", "anneal2", "base_reading", "critic"))
+    reading, generator = stages.config("critic_reading"), stages.config("generator")
+    assert reading.model.init_from == str(ASSETS / "critic") and stages.critic_dir == tmp_path / "critic_reading"
+    assert generator.model.init_from == str(ASSETS / "generator")
+    assert (generator.epochs, generator.optim.learning_rate) == (4, 5e-4)
+    assert generator.data.train_files == [str(tmp_path / "annotated.jsonl")] and generator.data.unsupported_weight == 0.0

@@ -106,3 +106,37 @@ def test_paper_tasks_keep_the_papers_defaults(task, refuse):
     assert opts.refuse.enabled == refuse
     assert opts.score.w_ret == 0.0 and opts.corrective.max_rounds == 1
     assert options_from_args(parser.parse_args(base + ["--refuse"])).refuse.enabled
+
+
+def test_refusal_bar_comes_from_the_models_decoding_json_unless_given(tmp_path):
+    """`--refuse` without a bar uses the one chosen on dev data for these models: decoding.json
+    in the generator's folder or its models folder; flags win; a bad file is named."""
+    import argparse
+    import json
+
+    from selfrag_jax.inference.cli import add_arguments, options_from_args
+    from selfrag_jax.inference.scoring import RefuseOptions
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    generator = tmp_path / "models" / "generator"
+    generator.mkdir(parents=True)
+
+    def bar(*flags):
+        refuse = options_from_args(parser.parse_args(["--model", str(generator), "--input", "i", "--output", "o",
+                                                      *flags])).refuse
+        return refuse.rel_threshold, refuse.sup_threshold
+
+    default = RefuseOptions()
+    assert bar() == (default.rel_threshold, default.sup_threshold)  # no decoding.json: the option's default
+    (tmp_path / "models" / "decoding.json").write_text(json.dumps({"ndocs": 2}))
+    assert bar() == (default.rel_threshold, default.sup_threshold)  # a depth only
+    (tmp_path / "models" / "decoding.json").write_text(json.dumps({"ndocs": 2, "refuse": {"rel_threshold": 0.97,
+                                                                                           "sup_threshold": 0.8}}))
+    assert bar() == (0.97, 0.8)
+    assert bar("--refuse-rel-threshold", "0.5") == (0.5, 0.8)
+    (generator / "decoding.json").write_text(json.dumps({"refuse": {"rel_threshold": 0.9, "sup_threshold": 0.3}}))
+    assert bar() == (0.9, 0.3)  # the generator's own file first
+    (generator / "decoding.json").write_text(json.dumps({"refuse": {"rel_threshold": "high"}}))
+    with pytest.raises(ValueError, match=r"generator/decoding.json: 'refuse' needs numbers"):
+        bar()

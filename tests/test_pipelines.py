@@ -102,6 +102,10 @@ def test_quality_report_and_world_judge(tmp_path):
     assert q["refusal_accuracy"] == pytest.approx(3 / 4)  # the last refusal was not needed
     assert q["refusal_rate_unanswerable"] == 1.0 and q["refusal_rate_answerable"] == pytest.approx(1 / 3)
     assert q["faithfulness"] == 0.5 and q["n_judged"] == 2  # the value must be written in the passage too
+    # the generator writing the refusal itself is a refusal too (whatever the message is)
+    records[2] = rec(REFUSAL.lower())
+    assert quality_report(inputs, records, judge)["refusal_rate_unanswerable"] == 1.0
+    assert quality_report(inputs, records, judge, refusal_message="No answer.")["refusal_rate_unanswerable"] == 0.0
 
 
 # --- the same engine running the baselines -------------------------------------------------

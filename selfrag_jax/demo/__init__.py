@@ -8,8 +8,9 @@ import argparse
 def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     if name == "train-default":
         parser.add_argument("--out", default="runs/default", help="work folder [runs/default]")
-        parser.add_argument("--budget", choices=("full", "reduced"), default="full",
-                            help="training budget: full (shipped models) or reduced (~45 min) [full]")
+        parser.add_argument("--budget", choices=("full", "reduced", "continue"), default="full",
+                            help="training budget: full (shipped models), reduced (~45 min) or continue (the shipped "
+                                 "models trained again from themselves on this world's data, no new base) [full]")
         parser.add_argument("--no-export", action="store_true", help="do not copy the models into the package")
         parser.add_argument("--seed", type=int, default=None,
                             help="init seed of the base stage: another draw of the base (pretraining is a draw) "

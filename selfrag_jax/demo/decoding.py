@@ -8,6 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from selfrag_jax.bundled import DEPTH_FILE
 
 # Self-RAG's retrieval depth K (the paper: 5 or 10) is chosen per set of models on the dev
@@ -54,6 +56,76 @@ def choose_depth(generator: Path, world: Path, index: Path, cache: Path, n: int 
         + f" -> K = {best}")
     return {"ndocs": best, "dev_match": dev, "n": len(items), "split": "world_qa_dev",
             "sweep_config": dataclasses.asdict(result.configs[best - 1])}
+
+
+# The refusal bar is chosen on the dev splits: the bar (IsRel over rel, IsSup over sup; every
+# candidate below it and the answer is "I don't know.") that refuses the most of the kind of
+# unanswerable question it refuses least, while answerable dev accuracy stays within
+# MAX_DEV_DROP of Self-RAG without refusal (the goal on test is 5 points; the rest is margin).
+REFUSE_REL = (0.5, 0.7, 0.8, 0.9, 0.95, 0.97, 0.98, 0.99, 0.995, 0.998, 0.999)
+REFUSE_SUP = (0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99)
+MAX_DEV_DROP = 0.03
+
+
+def pick_refusal(bars: list[tuple[float, float]], answerable: np.ndarray, refused: dict[str, np.ndarray],
+                 no_refusal: float, max_drop: float = MAX_DEV_DROP) -> int:
+    """Index of the bar to keep: among those whose answerable accuracy is within `max_drop` of
+    `no_refusal`, the highest refusal rate on the least-refused kind, then on average, then the
+    lower bar (fewer answers withheld). With none within reach, the most accurate bar."""
+    rates = np.stack(list(refused.values()))  # [kinds, bars]
+    ok = np.flatnonzero(answerable >= no_refusal - max_drop - 1e-9)
+    if not len(ok):
+        return int(np.argmax(answerable))
+    return int(max(ok, key=lambda i: (round(float(rates[:, i].min()), 6), round(float(rates[:, i].mean()), 6),
+                                      -bars[i][0], -bars[i][1])))
+
+
+def choose_refusal(generator: Path, world: Path, index: Path, cache: Path, ndocs: int, n_answerable: int = 300,
+                   batch_size: int = 32, log=print) -> dict[str, Any]:
+    """The refusal bar for this generator (`pick_refusal`), from one decode of the dev splits:
+    the first `n_answerable` of world_qa_dev and every unanswerable kind's dev split
+    (eval/unanswerable/*_dev.jsonl), each cached with both paths at depth `ndocs` and swept over
+    REFUSE_REL x REFUSE_SUP. An unanswerable question counts as refused when the answer is the
+    refusal, from the bar or written by the generator (its gold is set to that message)."""
+    from selfrag_jax.evaluation import sweep as S
+    from selfrag_jax.inference.cache import write_cache
+    from selfrag_jax.inference.scoring import RefuseOptions
+    from selfrag_jax.inference.selfrag import GenerateOptions, ShortForm
+    from selfrag_jax.retrieval.retriever import Retriever
+
+    engine, tok = load_engine(generator)
+    message = RefuseOptions().message
+    runner = ShortForm(engine, tok, GenerateOptions(task="open", ndocs=ndocs, keep_both_paths=True),
+                       Retriever.from_dir(index).retrieve)
+    bars = [(r, s) for r in REFUSE_REL for s in REFUSE_SUP]
+    configs = [S.Config(ndocs=ndocs, refuse="off")] + [S.Config(ndocs=ndocs, refuse="on", refuse_rel_threshold=r,
+                                                                refuse_sup_threshold=s) for r, s in bars]
+    sets = {"answerable": world / "eval" / "world_qa_dev.jsonl"}
+    sets.update({p.name.removesuffix("_dev.jsonl"): p for p in sorted((world / "eval" / "unanswerable").glob("*_dev.jsonl"))})
+    if len(sets) == 1:
+        raise FileNotFoundError(f"{world / 'eval' / 'unanswerable'}: no *_dev.jsonl sets (a world built before them)")
+    metric, n = {}, {}
+    for name, path in sets.items():
+        items = load_items(path, n_answerable if name == "answerable" else 10**9)
+        if name != "answerable":  # counted as matched when the answer is the refusal
+            items = [dataclasses.replace(it, record={**it.record, "answers": [message]}) for it in items]
+        results = run_batches(runner, items, batch_size, f"dev/refusal {name}")
+        metric[name] = S.run_sweep(S.prepare(write_cache(cache / name, results, runner.opts)), configs).metric
+        n[name] = len(items)
+    refused = {k: v[1:] for k, v in metric.items() if k != "answerable"}
+    best = pick_refusal(bars, metric["answerable"][1:], refused, float(metric["answerable"][0]))
+    rel, sup = bars[best]
+    chosen = {"answerable": round(float(metric["answerable"][1 + best]), 4),
+              **{k: round(float(v[best]), 4) for k, v in refused.items()}}
+    log(f"[refusal] dev, no refusal: answerable {metric['answerable'][0]:.3f}, refused "
+        + ", ".join(f"{k} {v[0]:.3f}" for k, v in metric.items() if k != "answerable")
+        + f"; bar rel > {rel}, sup > {sup}: " + ", ".join(f"{k} {v:.3f}" for k, v in chosen.items()))
+    return {"rel_threshold": rel, "sup_threshold": sup, "ndocs": ndocs, "max_dev_drop": MAX_DEV_DROP,
+            "dev": chosen, "dev_no_refusal": {k: round(float(v[0]), 4) for k, v in metric.items()}, "n": n,
+            "dev_grid": [{"rel": r, "sup": u, "answerable": round(float(metric["answerable"][1 + i]), 4),
+                          "min_refused": round(float(min(v[i] for v in refused.values())), 4),
+                          "mean_refused": round(float(np.mean([v[i] for v in refused.values()])), 4)}
+                         for i, (r, u) in enumerate(bars)]}
 
 
 def load_engine(generator: Path, max_new_tokens: int = 24, mesh: str | None = None, dtype: str = "float32"):

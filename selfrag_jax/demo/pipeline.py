@@ -8,10 +8,12 @@ each) -> anneal2 (1,500 more, the relevance documents now in four surface forms)
 -> critic_reading (300 steps more on the same labels with IsSup reading lines: the critic writes
 what the evidence states and a comparison with the output decides IsSup, beyond the paper)
 -> annotation (the reading critic labels raw instruction-output pairs, the world's and the practice
-people's, with passages retrieved from their corpus) -> generator (fine-tuned on the
-result) -> depth (Self-RAG's retrieval depth K for this generator, chosen on the dev split:
-`decoding.choose_depth`) -> exported critic and generator (bfloat16 safetensors, a few MB) and
-the depth (decoding.json) for the demo.
+people's, with passages retrieved from their corpus, and contrast copies of some questions
+answered with another person's value) -> generator (fine-tuned on the result) -> depth
+(Self-RAG's retrieval depth K for this generator, chosen on the dev split:
+`decoding.choose_depth`) -> refusal (the support bar, chosen on the dev splits of answerable and
+unanswerable questions: `decoding.choose_refusal`) -> exported critic and generator (bfloat16
+safetensors, a few MB) and both choices (decoding.json) for the demo and `generate`.
 
 Every stage is resumable: a finished stage leaves `<out>/<stage>.done`; an interrupted
 training stage resumes from its last checkpoint when the command runs again.
@@ -49,6 +51,13 @@ BUDGETS = {
                          "data.train_files=[WORLD/pretrain.jsonl,WORLD/repeat.jsonl]", "data.mixture_rates={repeat: 0.25}"],
                 "anneal": ["num_steps=200"], "anneal2": ["num_steps=100"], "critic": ["num_steps=150"],
                 "critic_reading": None, "generator": ["num_steps=240"]},
+    # The shipped models trained again from themselves on the world's current data (after a
+    # change to its wordings or annotation), without a new base: a base is a draw that may not
+    # read (MIN_BASE_READING). The reading critic continues the shipped critic; the generator
+    # continues the shipped generator for half the epochs at half the rate.
+    "continue": {"base": None, "anneal": None, "anneal2": None, "base_reading": None, "critic": None,
+                 "critic_reading": [f"model.init_from={ASSETS / 'critic'}"],
+                 "generator": [f"model.init_from={ASSETS / 'generator'}", "epochs=4", "optim.learning_rate=5e-4"]},
 }
 
 # The base's pretraining is a draw: the same recipe reads held-out passages well in some runs and
@@ -216,6 +225,18 @@ class Stages:
             f.write(json.dumps(info, indent=1) + "\n")
         return info
 
+    def refusal(self):
+        """The refusal bar chosen on the dev splits, added to the depth's `decoding.json`."""
+        from selfrag_jax.demo.decoding import choose_refusal
+        from selfrag_jax.utils import atomic_file
+
+        info = json.loads((self.out / DEPTH_FILE).read_text())
+        info["refuse"] = choose_refusal(self.out / "generator", self.out / "world", self.out / "index",
+                                        self.out / "refusal_cache", info["ndocs"], log=self.log)
+        with atomic_file(self.out / DEPTH_FILE) as f:
+            f.write(json.dumps(info, indent=1) + "\n")
+        return info["refuse"]
+
     def base_reads(self) -> float | None:
         """The base_reading probe's held-out reading with the gold passage, once it has run."""
         if not self.done("base_reading"):
@@ -243,6 +264,7 @@ class Stages:
         self.stage("annotate", self.annotate)
         self.stage("generator", lambda: self.train("generator"))
         self.stage("depth", self.depth)
+        self.stage("refusal", self.refusal)
         if export and weak and not force_export:
             self.log(f"[export] skipped: the base read {reads:.2f} (< {MIN_BASE_READING}), so the shipped models stay; "
                      f"the new ones are in {self.out} (--force-export copies them into the package anyway)")

@@ -18,6 +18,7 @@ from typing import Any
 from selfrag_jax.inference.corrective import QUERY_MODES, CorrectiveOptions
 from selfrag_jax.inference.scoring import (MODES, PIPELINES, THRESHOLD_RULES, Hard, RefuseOptions, RetrieveOptions,
                                            ScoreOptions)
+from selfrag_jax.inference.settings import refusal_bar
 from selfrag_jax.models.config import INFERENCE_DTYPES
 
 # Honest refusal (not in the paper) is on by default only for `open`; the paper's tasks keep
@@ -79,8 +80,11 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-depth", type=int, default=7)
     p.add_argument("--static-passages", action="store_true", help="long form: the same passages at every step")
     p.add_argument("--refusal-message", default=REFUSE.message, help="what a refusal answers")
-    p.add_argument("--refuse-rel-threshold", type=float, default=REFUSE.rel_threshold, help="support bar: rel above this")
-    p.add_argument("--refuse-sup-threshold", type=float, default=REFUSE.sup_threshold, help="support bar: sup above this")
+    p.add_argument("--refuse-rel-threshold", type=float, default=None,
+                   help="support bar: rel above this (default: the bar chosen on dev data in the model's decoding.json, "
+                        f"else {REFUSE.rel_threshold})")
+    p.add_argument("--refuse-sup-threshold", type=float, default=None,
+                   help=f"support bar: sup above this (default: as --refuse-rel-threshold, else {REFUSE.sup_threshold})")
     p.add_argument("--crag-rel-threshold", type=float, default=CORRECTIVE.rel_threshold,
                    help="re-retrieve when every passage's rel is below this")
     p.add_argument("--retry-token-budget", type=int, default=CORRECTIVE.token_budget,
@@ -155,6 +159,9 @@ def options_from_args(args: argparse.Namespace, pipeline: str | None = None, ref
     refuse = args.refuse if refuse is None else refuse
     if refuse is None:
         refuse = pipeline == "selfrag" and not args.long_form and args.task in REFUSE_TASKS
+    rel_bar, sup_bar = refusal_bar(args.model) or (REFUSE.rel_threshold, REFUSE.sup_threshold)
+    rel_bar = rel_bar if args.refuse_rel_threshold is None else args.refuse_rel_threshold
+    sup_bar = sup_bar if args.refuse_sup_threshold is None else args.refuse_sup_threshold
     return GenerateOptions(
         task=args.task, ndocs=args.ndocs, pipeline=pipeline, trace=args.trace,
         keep_top=(args.keep_top if keep_top is None else keep_top) if pipeline == "selfrag" else 0,
@@ -163,8 +170,7 @@ def options_from_args(args: argparse.Namespace, pipeline: str | None = None, ref
         score=ScoreOptions(w_rel=args.w_rel, w_sup=args.w_sup, w_use=args.w_use, seqscore=not args.no_seqscore,
                            hard=Hard.of(args.drop_no_support, args.drop_irrelevant), w_ret=args.w_ret,
                            ret_temperature=args.ret_temperature),
-        refuse=RefuseOptions(enabled=bool(refuse), rel_threshold=args.refuse_rel_threshold,
-                             sup_threshold=args.refuse_sup_threshold, message=args.refusal_message),
+        refuse=RefuseOptions(enabled=bool(refuse), rel_threshold=rel_bar, sup_threshold=sup_bar, message=args.refusal_message),
         corrective=CorrectiveOptions(max_rounds=max_rounds or args.max_rounds, rel_threshold=args.crag_rel_threshold,
                                      token_budget=args.retry_token_budget, query=args.crag_query),
         beam_width=args.beam_width, max_depth=args.max_depth, static_passages=args.static_passages)

@@ -8,8 +8,8 @@ time. The first batches include compilation. Tokens are real (unpadded) tokens t
 ran: prompts and passages prefilled, tokens generated.
 
 Quality (when the input carries the ground truth): accuracy is the released `match` (any
-gold answer a case-sensitive substring of the prediction, `selfrag_jax.metrics`); refusal accuracy counts a record right when it was refused
-exactly when it is marked `"answerable": false`; faithfulness is the share of answers
+gold answer a case-sensitive substring of the prediction, `selfrag_jax.metrics`); refusal accuracy counts a record right when it was refused (by
+the support bar, or the answer is the refusal message) exactly when it is marked `"answerable": false`; faithfulness is the share of answers
 (not refusals, with a passage) that a judge finds supported by their passage(s).
 """
 
@@ -20,7 +20,8 @@ from typing import Any, Protocol, Sequence
 
 import numpy as np
 
-from selfrag_jax.metrics import match
+from selfrag_jax.inference.scoring import RefuseOptions
+from selfrag_jax.metrics import match, normalize_answer
 
 
 def cost_report(records: list[dict[str, Any]], latencies: Sequence[float], tokens, batch_size: int,
@@ -72,11 +73,13 @@ def used_passages(record: dict[str, Any]) -> list[dict[str, str]]:
 
 
 def quality_report(inputs: list[dict[str, Any]], records: list[dict[str, Any]],
-                   judge: SupportJudge | None = None) -> dict[str, Any]:
-    """Accuracy, refusal accuracy and faithfulness of `records` against the input records."""
+                   judge: SupportJudge | None = None, refusal_message: str = RefuseOptions().message) -> dict[str, Any]:
+    """Accuracy, refusal accuracy and faithfulness of `records` against the input records. A
+    refusal is the support bar's or an answer that is the refusal message (the generator's own)."""
     answerable = [rec.get("answerable", True) is not False for rec in inputs]
     graded = [(inp, out) for inp, out, ok in zip(inputs, records, answerable) if ok and _answers(inp)]
-    refusals = [bool(out.get("refused")) for out in records]
+    said = normalize_answer(refusal_message)
+    refusals = [bool(out.get("refused")) or normalize_answer(out.get("prediction") or "") == said for out in records]
     un = [r for r, ok in zip(refusals, answerable) if not ok]
     out: dict[str, Any] = {
         "accuracy": _mean([match(o["prediction"], _answers(i)) for i, o in graded]),

@@ -1,0 +1,42 @@
+"""Decoding settings chosen for a set of models on dev data and kept beside them.
+
+`decoding.json` sits in the models folder (beside `generator/` and `critic/`, as the bundled
+models and `make train-default` keep it) or in the generator's own folder. It holds what was
+chosen on held-out dev questions, never on the sets it is reported on: the retrieval depth
+(`ndocs`, the demo's) and the refusal bar (`refuse`: `rel_threshold`, `sup_threshold`), which
+`generate`, `compare` and `serve` use whenever refusal is on and no bar is given.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+SETTINGS_FILE = "decoding.json"
+
+
+def settings_file(model: str | Path) -> Path | None:
+    """The generator folder's own `decoding.json`, else its models folder's, else None."""
+    folder = Path(model)
+    for candidate in (folder / SETTINGS_FILE, folder.parent / SETTINGS_FILE):
+        if folder.is_dir() and candidate.is_file():
+            return candidate
+    return None
+
+
+def refusal_bar(model: str | Path) -> tuple[float, float] | None:
+    """(rel_threshold, sup_threshold) chosen for this generator on dev data, if any."""
+    path = settings_file(model)
+    if path is None:
+        return None
+    refuse: Any = json.loads(path.read_text()).get("refuse")
+    if refuse is None:
+        return None
+    try:
+        bar = float(refuse["rel_threshold"]), float(refuse["sup_threshold"])
+    except (TypeError, KeyError, ValueError):
+        raise ValueError(f"{path}: 'refuse' needs numbers rel_threshold and sup_threshold, got {refuse!r}") from None
+    if not all(0.0 <= t < 1.0 for t in bar):
+        raise ValueError(f"{path}: refusal thresholds must be in [0, 1), got {bar}")
+    return bar
