@@ -390,7 +390,7 @@ def test_pick_refusal_keeps_accuracy_then_raises_the_least_refused_kind():
 
     from selfrag_jax.demo.decoding import pick_refusal
 
-    bars = [(0.5, 0.5), (0.9, 0.5), (0.99, 0.5), (0.99, 0.9)]
+    bars = [(0.5, 0.5, True), (0.9, 0.5, True), (0.99, 0.5, True), (0.99, 0.9, True)]
     answerable = np.array([0.90, 0.89, 0.875, 0.80])
     refused = {"a": np.array([0.2, 0.6, 0.9, 1.0]), "b": np.array([0.3, 0.7, 0.5, 1.0])}
     # the last bar refuses everything but costs 10 points; of the rest, (0.9, 0.5) has the best worst kind

@@ -161,6 +161,7 @@ def test_per_request_options_and_chat(engine, reference):
     (json.dumps({"question": "Who?", "options": {"ndocs": 3}}).encode(), 400, "ndocs=3"),
     (json.dumps({"question": "Who?", "options": {"beam": 2}}).encode(), 400, "options.beam"),
     (json.dumps({"question": "Who?", "options": {"mode": "sometimes"}}).encode(), 400, "options.mode"),
+    (json.dumps({"question": "Who?", "options": {"refuse_issup": "no"}}).encode(), 400, "options.refuse_issup"),
     (json.dumps({"question": "Who?", "options": {"pipeline": "naive", "refuse": True}}).encode(), 400, "pipeline selfrag"),
     (json.dumps({"question": "Who?", "timeout_s": 0}).encode(), 400, "timeout_s"),
     (json.dumps({"question": "word " * 55}).encode(), 400, "tokens, this server takes at most 64"),

@@ -67,17 +67,18 @@ REFUSE_SUP = (0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99)
 MAX_DEV_DROP = 0.03
 
 
-def pick_refusal(bars: list[tuple[float, float]], answerable: np.ndarray, refused: dict[str, np.ndarray],
+def pick_refusal(bars: list[tuple[float, float, bool]], answerable: np.ndarray, refused: dict[str, np.ndarray],
                  no_refusal: float, max_drop: float = MAX_DEV_DROP) -> int:
     """Index of the bar to keep: among those whose answerable accuracy is within `max_drop` of
     `no_refusal`, the highest refusal rate on the least-refused kind, then on average, then the
-    lower bar (fewer answers withheld). With none within reach, the most accurate bar."""
+    lower bar (fewer answers withheld), then one that consults IsSup. With none within reach,
+    the most accurate bar."""
     rates = np.stack(list(refused.values()))  # [kinds, bars]
     ok = np.flatnonzero(answerable >= no_refusal - max_drop - 1e-9)
     if not len(ok):
         return int(np.argmax(answerable))
     return int(max(ok, key=lambda i: (round(float(rates[:, i].min()), 6), round(float(rates[:, i].mean()), 6),
-                                      -bars[i][0], -bars[i][1])))
+                                      -bars[i][0], -bars[i][1], bars[i][2])))
 
 
 def choose_refusal(generator: Path, world: Path, index: Path, cache: Path, ndocs: int, n_answerable: int = 300,
@@ -97,9 +98,11 @@ def choose_refusal(generator: Path, world: Path, index: Path, cache: Path, ndocs
     message = RefuseOptions().message
     runner = ShortForm(engine, tok, GenerateOptions(task="open", ndocs=ndocs, keep_both_paths=True),
                        Retriever.from_dir(index).retrieve)
-    bars = [(r, s) for r in REFUSE_REL for s in REFUSE_SUP]
-    configs = [S.Config(ndocs=ndocs, refuse="off")] + [S.Config(ndocs=ndocs, refuse="on", refuse_rel_threshold=r,
-                                                                refuse_sup_threshold=s) for r, s in bars]
+    # with IsSup consulted at each sup threshold, and IsRel alone (IsSup may not mean support)
+    bars = [(r, s, True) for r in REFUSE_REL for s in REFUSE_SUP] + [(r, 0.0, False) for r in REFUSE_REL]
+    configs = [S.Config(ndocs=ndocs, refuse="off")] + [
+        S.Config(ndocs=ndocs, refuse="on", refuse_rel_threshold=r, refuse_sup_threshold=s, refuse_issup=S.ON_OFF[not i])
+        for r, s, i in bars]
     sets = {"answerable": world / "eval" / "world_qa_dev.jsonl"}
     sets.update({p.name.removesuffix("_dev.jsonl"): p for p in sorted((world / "eval" / "unanswerable").glob("*_dev.jsonl"))})
     if len(sets) == 1:
@@ -114,18 +117,19 @@ def choose_refusal(generator: Path, world: Path, index: Path, cache: Path, ndocs
         n[name] = len(items)
     refused = {k: v[1:] for k, v in metric.items() if k != "answerable"}
     best = pick_refusal(bars, metric["answerable"][1:], refused, float(metric["answerable"][0]))
-    rel, sup = bars[best]
+    rel, sup, issup = bars[best]
     chosen = {"answerable": round(float(metric["answerable"][1 + best]), 4),
               **{k: round(float(v[best]), 4) for k, v in refused.items()}}
     log(f"[refusal] dev, no refusal: answerable {metric['answerable'][0]:.3f}, refused "
         + ", ".join(f"{k} {v[0]:.3f}" for k, v in metric.items() if k != "answerable")
-        + f"; bar rel > {rel}, sup > {sup}: " + ", ".join(f"{k} {v:.3f}" for k, v in chosen.items()))
-    return {"rel_threshold": rel, "sup_threshold": sup, "ndocs": ndocs, "max_dev_drop": MAX_DEV_DROP,
+        + f"; bar rel > {rel}" + (f", sup > {sup}" if issup else ", IsSup not consulted") + ": "
+        + ", ".join(f"{k} {v:.3f}" for k, v in chosen.items()))
+    return {"rel_threshold": rel, "sup_threshold": sup, "issup": issup, "ndocs": ndocs, "max_dev_drop": MAX_DEV_DROP,
             "dev": chosen, "dev_no_refusal": {k: round(float(v[0]), 4) for k, v in metric.items()}, "n": n,
-            "dev_grid": [{"rel": r, "sup": u, "answerable": round(float(metric["answerable"][1 + i]), 4),
-                          "min_refused": round(float(min(v[i] for v in refused.values())), 4),
-                          "mean_refused": round(float(np.mean([v[i] for v in refused.values()])), 4)}
-                         for i, (r, u) in enumerate(bars)]}
+            "dev_grid": [{"rel": r, "sup": u, "issup": i, "answerable": round(float(metric["answerable"][1 + j]), 4),
+                          "min_refused": round(float(min(v[j] for v in refused.values())), 4),
+                          "mean_refused": round(float(np.mean([v[j] for v in refused.values()])), 4)}
+                         for j, (r, u, i) in enumerate(bars)]}
 
 
 def load_engine(generator: Path, max_new_tokens: int = 24, mesh: str | None = None, dtype: str = "float32"):

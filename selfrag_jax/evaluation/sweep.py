@@ -58,6 +58,7 @@ class Config:
     refuse: str = ON_OFF[not _REFUSE.enabled]
     refuse_rel_threshold: float = _REFUSE.rel_threshold
     refuse_sup_threshold: float = _REFUSE.sup_threshold
+    refuse_issup: str = ON_OFF[not _REFUSE.issup]
 
     def options(self, task: str = "open", refusal_message: str = _REFUSE.message) -> ChoiceOptions:
         """The `generate` options this configuration stands for."""
@@ -67,7 +68,8 @@ class Config:
             score=ScoreOptions(w_rel=self.w_rel, w_sup=self.w_sup, w_use=self.w_use, seqscore=self.seqscore == "on",
                                hard=Hard(self.hard), w_ret=self.w_ret, ret_temperature=self.ret_temperature),
             refuse=RefuseOptions(enabled=self.refuse == "on", rel_threshold=self.refuse_rel_threshold,
-                                 sup_threshold=self.refuse_sup_threshold, message=refusal_message))
+                                 sup_threshold=self.refuse_sup_threshold, message=refusal_message,
+                                 issup=self.refuse_issup == "on"))
 
     def generate_flags(self) -> list[str]:
         flags = ["--mode", self.mode, "--threshold-rule", self.rule, "--threshold", repr(self.threshold),
@@ -75,7 +77,7 @@ class Config:
                  "--w-ret", repr(self.w_ret), "--ret-temperature", repr(self.ret_temperature),
                  "--refuse" if self.refuse == "on" else "--no-refuse",
                  "--refuse-rel-threshold", repr(self.refuse_rel_threshold),
-                 "--refuse-sup-threshold", repr(self.refuse_sup_threshold)]
+                 "--refuse-sup-threshold", repr(self.refuse_sup_threshold), "--refuse-issup", self.refuse_issup]
         flags += ["--ndocs", str(self.ndocs)] if self.ndocs else []
         flags += ["--no-seqscore"] if self.seqscore == "off" else []
         flags += ["--drop-no-support"] if Hard(self.hard).drops_no_support else []
@@ -84,7 +86,7 @@ class Config:
 
 
 CHOICES = {"mode": scoring.MODES, "rule": scoring.THRESHOLD_RULES, "seqscore": ON_OFF,
-           "hard": tuple(h.value for h in Hard), "refuse": ON_OFF}
+           "hard": tuple(h.value for h in Hard), "refuse": ON_OFF, "refuse_issup": ON_OFF}
 # key -> (default, kind), from Config's fields
 PARAMS: dict[str, tuple[Any, str]] = {f.name: (f.default, "choice" if f.name in CHOICES else f.type)
                                       for f in fields(Config)}
@@ -94,7 +96,7 @@ def parse_grid(spec: str) -> dict[str, list]:
     """`w_rel=0:2:5,rule=paper|released,...` (start:stop:count inclusive, or `a|b|c`),
     or the path of a YAML/JSON mapping of the same keys to a list, "a:b:n" or a scalar."""
     path = Path(spec)
-    if spec.endswith((".yaml", ".yml", ".json")) or path.is_file():
+    if spec.endswith((".yaml", ".yml", ".json")) or ("=" not in spec and path.is_file()):  # a long grid is no path
         if not path.is_file():
             raise ValueError(f"{spec}: grid file not found")
         import yaml
@@ -244,11 +246,11 @@ def prior_table(prep: Prepared, configs: list[Config]) -> tuple[np.ndarray, np.n
 
 
 def bar_table(prep: Prepared, configs: list[Config]) -> tuple[np.ndarray, np.ndarray]:
-    """[B, Q, K] support bar of each distinct (rel, sup threshold), compared in float64."""
+    """[B, Q, K] support bar of each distinct (rel, sup threshold, IsSup on), compared in float64."""
     t, parts = prep.table, prep.parts
-    return _tabled(configs, lambda c: (c.refuse_rel_threshold, c.refuse_sup_threshold), lambda k: t.padded(
-        scoring.passes_bar(parts["rel"], parts["sup"], t.sup_label, RefuseOptions(rel_threshold=k[0], sup_threshold=k[1])),
-        False))
+    return _tabled(configs, lambda c: (c.refuse_rel_threshold, c.refuse_sup_threshold, c.refuse_issup), lambda k: t.padded(
+        scoring.passes_bar(parts["rel"], parts["sup"], t.sup_label,
+                           RefuseOptions(rel_threshold=k[0], sup_threshold=k[1], issup=k[2] == "on")), False))
 
 
 def check_depths(prep: Prepared, configs: list[Config]) -> None:

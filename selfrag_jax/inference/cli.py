@@ -85,6 +85,9 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
                         f"else {REFUSE.rel_threshold})")
     p.add_argument("--refuse-sup-threshold", type=float, default=None,
                    help=f"support bar: sup above this (default: as --refuse-rel-threshold, else {REFUSE.sup_threshold})")
+    p.add_argument("--refuse-issup", choices=("on", "off"), default=None,
+                   help="support bar: consult the generated IsSup (off: IsRel alone; default: as "
+                        "--refuse-rel-threshold, else on)")
     p.add_argument("--crag-rel-threshold", type=float, default=CORRECTIVE.rel_threshold,
                    help="re-retrieve when every passage's rel is below this")
     p.add_argument("--retry-token-budget", type=int, default=CORRECTIVE.token_budget,
@@ -159,9 +162,10 @@ def options_from_args(args: argparse.Namespace, pipeline: str | None = None, ref
     refuse = args.refuse if refuse is None else refuse
     if refuse is None:
         refuse = pipeline == "selfrag" and not args.long_form and args.task in REFUSE_TASKS
-    rel_bar, sup_bar = refusal_bar(args.model) or (REFUSE.rel_threshold, REFUSE.sup_threshold)
+    rel_bar, sup_bar, issup = refusal_bar(args.model) or (REFUSE.rel_threshold, REFUSE.sup_threshold, REFUSE.issup)
     rel_bar = rel_bar if args.refuse_rel_threshold is None else args.refuse_rel_threshold
     sup_bar = sup_bar if args.refuse_sup_threshold is None else args.refuse_sup_threshold
+    issup = issup if args.refuse_issup is None else args.refuse_issup == "on"
     return GenerateOptions(
         task=args.task, ndocs=args.ndocs, pipeline=pipeline, trace=args.trace,
         keep_top=(args.keep_top if keep_top is None else keep_top) if pipeline == "selfrag" else 0,
@@ -170,7 +174,8 @@ def options_from_args(args: argparse.Namespace, pipeline: str | None = None, ref
         score=ScoreOptions(w_rel=args.w_rel, w_sup=args.w_sup, w_use=args.w_use, seqscore=not args.no_seqscore,
                            hard=Hard.of(args.drop_no_support, args.drop_irrelevant), w_ret=args.w_ret,
                            ret_temperature=args.ret_temperature),
-        refuse=RefuseOptions(enabled=bool(refuse), rel_threshold=rel_bar, sup_threshold=sup_bar, message=args.refusal_message),
+        refuse=RefuseOptions(enabled=bool(refuse), rel_threshold=rel_bar, sup_threshold=sup_bar, message=args.refusal_message,
+                             issup=issup),
         corrective=CorrectiveOptions(max_rounds=max_rounds or args.max_rounds, rel_threshold=args.crag_rel_threshold,
                                      token_budget=args.retry_token_budget, query=args.crag_query),
         beam_width=args.beam_width, max_depth=args.max_depth, static_passages=args.static_passages)

@@ -94,12 +94,14 @@ class ScoreOptions:
 class RefuseOptions:
     """Honest refusal: answer only from a candidate that passes the support bar, else say
     `message`. The bar: the IsSup token the model chose is not `No support / Contradictory`,
-    sup > `sup_threshold` and rel > `rel_threshold`."""
+    sup > `sup_threshold` and rel > `rel_threshold`; with `issup` off, rel > `rel_threshold`
+    alone (for a generator whose IsSup does not tell stated from unstated values)."""
 
     enabled: bool = False
     rel_threshold: float = 0.5
     sup_threshold: float = 0.5
     message: str = REFUSAL
+    issup: bool = True
 
 
 # --- retrieval decision -----------------------------------------------------------------
@@ -177,9 +179,11 @@ def final_score(seq: np.ndarray, rel: np.ndarray, sup: np.ndarray, use: np.ndarr
 
 def passes_bar(rel: np.ndarray, sup: np.ndarray, sup_label: np.ndarray, opts: RefuseOptions) -> np.ndarray:
     """Bool per candidate: is its answer supported well enough to be given?"""
+    relevant = np.asarray(rel) > opts.rel_threshold
+    if not opts.issup:
+        return relevant
     sup_label = np.asarray(sup_label)
-    return ((sup_label >= 0) & (sup_label != NO_SUPPORT) & (np.asarray(sup) > opts.sup_threshold)
-            & (np.asarray(rel) > opts.rel_threshold))
+    return (sup_label >= 0) & (sup_label != NO_SUPPORT) & (np.asarray(sup) > opts.sup_threshold) & relevant
 
 
 def refusal_reason(rel: np.ndarray, sup: np.ndarray, sup_label: np.ndarray, opts: RefuseOptions) -> str:
@@ -190,6 +194,8 @@ def refusal_reason(rel: np.ndarray, sup: np.ndarray, sup_label: np.ndarray, opts
         return "no passages were found"
     if not (rel > opts.rel_threshold).any():
         return f"every passage judged irrelevant (max rel {rel.max():.3f} <= {opts.rel_threshold})"
+    if not opts.issup:
+        return "no candidate passed the bar"
     judged = (sup_label >= 0) & (sup_label != NO_SUPPORT)
     if not judged.any():
         return "no candidate judged supported (IsSup: No support / Contradictory, or none generated)"

@@ -3,7 +3,7 @@
 `decoding.json` sits in the models folder (beside `generator/` and `critic/`, as the bundled
 models and `make train-default` keep it) or in the generator's own folder. It holds what was
 chosen on held-out dev questions, never on the sets it is reported on: the retrieval depth
-(`ndocs`, the demo's) and the refusal bar (`refuse`: `rel_threshold`, `sup_threshold`), which
+(`ndocs`, the demo's) and the refusal bar (`refuse`: `rel_threshold`, `sup_threshold`, `issup`), which
 `generate`, `compare` and `serve` use whenever refusal is on and no bar is given.
 """
 
@@ -25,8 +25,9 @@ def settings_file(model: str | Path) -> Path | None:
     return None
 
 
-def refusal_bar(model: str | Path) -> tuple[float, float] | None:
-    """(rel_threshold, sup_threshold) chosen for this generator on dev data, if any."""
+def refusal_bar(model: str | Path) -> tuple[float, float, bool] | None:
+    """(rel_threshold, sup_threshold, issup) chosen for this generator on dev data, if any
+    (`issup` absent: on, the bar consults IsSup)."""
     path = settings_file(model)
     if path is None:
         return None
@@ -39,4 +40,7 @@ def refusal_bar(model: str | Path) -> tuple[float, float] | None:
         raise ValueError(f"{path}: 'refuse' needs numbers rel_threshold and sup_threshold, got {refuse!r}") from None
     if not all(0.0 <= t < 1.0 for t in bar):
         raise ValueError(f"{path}: refusal thresholds must be in [0, 1), got {bar}")
-    return bar
+    issup = refuse.get("issup", True)
+    if not isinstance(issup, bool):
+        raise ValueError(f"{path}: 'refuse.issup' must be true or false, got {issup!r}")
+    return (*bar, issup)
