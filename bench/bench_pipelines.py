@@ -242,7 +242,7 @@ def world(args: argparse.Namespace) -> dict[str, Any]:
         plot_refusal_tradeoff(settings["refuse"], refused, answerable, Path(args.plot))
     return {"world_dir": str(world_dir), "model": args.model, "index": args.index, "n_per_set": args.n, "ndocs": ndocs,
             "refusal_bar": None if bar is None else {
-                "rel_threshold": bar[0], "sup_threshold": bar[1],
+                "rel_threshold": bar[0], "sup_threshold": bar[1], "issup": bar[2] if len(bar) > 2 else None,
                 "chosen_on": "dev splits (decoding.json)" if args.refuse_rel_threshold is None else "--refuse-rel-threshold"},
             "crag_rel_threshold": args.crag_rel_threshold,
             "answerable": answerable, "unanswerable": refused, "distractors": crag,
@@ -262,7 +262,8 @@ def plot_refusal_tradeoff(dev: dict[str, Any], refused: dict[str, Any], answerab
                label="a bar on dev (its worst kind)")
     ax.scatter([100 * min(v for k, v in dev["dev"].items() if k != "answerable")], [100 * dev["dev"]["answerable"]],
                s=80, facecolors="none", edgecolors="C0",
-               label=f"chosen: rel > {dev['rel_threshold']:g}, sup > {dev['sup_threshold']:g}")
+               label=f"chosen: rel > {dev['rel_threshold']:g}, "
+                     + (f"sup > {dev['sup_threshold']:g}" if dev.get("issup", True) else "IsSup not consulted"))
     test_acc = 100 * answerable["selfrag+refuse"]["accuracy"]
     for i, (kind, r) in enumerate(refused.items()):
         ax.scatter([100 * r["selfrag+refuse"]["refusal_rate_unanswerable"]], [test_acc], marker="x", color=f"C{i + 1}",
