@@ -410,5 +410,5 @@ def test_continue_budget_trains_the_shipped_models_again_without_a_base(tmp_path
     reading, generator = stages.config("critic_reading"), stages.config("generator")
     assert reading.model.init_from == str(ASSETS / "critic") and stages.critic_dir == tmp_path / "critic_reading"
     assert generator.model.init_from == str(ASSETS / "generator")
-    assert (generator.epochs, generator.optim.learning_rate) == (4, 5e-4)
+    assert (generator.epochs, generator.optim.learning_rate) == (8, 1e-3)  # the stage's own config
     assert generator.data.train_files == [str(tmp_path / "annotated.jsonl")] and generator.data.unsupported_weight == 0.0

@@ -53,11 +53,11 @@ BUDGETS = {
                 "critic_reading": None, "generator": ["num_steps=240"]},
     # The shipped models trained again from themselves on the world's current data (after a
     # change to its wordings or annotation), without a new base: a base is a draw that may not
-    # read (MIN_BASE_READING). The reading critic continues the shipped critic; the generator
-    # continues the shipped generator for half the epochs at half the rate.
+    # read (MIN_BASE_READING). The reading critic continues the shipped critic, the generator
+    # the shipped generator, each on its stage's config (docs/experiments/default-models.md, "v12").
     "continue": {"base": None, "anneal": None, "anneal2": None, "base_reading": None, "critic": None,
                  "critic_reading": [f"model.init_from={ASSETS / 'critic'}"],
-                 "generator": [f"model.init_from={ASSETS / 'generator'}", "epochs=4", "optim.learning_rate=5e-4"]},
+                 "generator": [f"model.init_from={ASSETS / 'generator'}"]},
 }
 
 # The base's pretraining is a draw: the same recipe reads held-out passages well in some runs and
