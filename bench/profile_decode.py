@@ -147,6 +147,14 @@ def profile_program(fn, hlo: dict[str, dict[str, Any]], program: str) -> dict[tu
     return totals
 
 
+def summary(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """The table rows: op time by part and by kind (shares, no goal: a profile, not a timing)."""
+    row = lambda what, shares: {"what": what, "ours": ", ".join(f"{k} {v:.0%}" for k, v in shares.items()),  # noqa: E731
+                                "peer": "", "ratio": None, "goal": "", "met": None}
+    return [row(f"decode op time by part, {result['model']}", result["by_part"]),
+            row(f"decode op time by kind, {result['model']}", result["by_kind"])]
+
+
 def main(argv=None) -> int:
     import numpy as np
 
@@ -204,6 +212,7 @@ def main(argv=None) -> int:
               "by_part": {k: round(v / total, 4) for k, v in sorted(by_part.items(), key=lambda kv: -kv[1])},
               "by_kind": {k: round(v / total, 4) for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])},
               "table": table}
+    result["summary"] = summary(result)
     path = write_result("profile_decode_small" if args.small else "profile_decode", result)
     for row in table[:12]:
         print(f"{row['share']:6.1%} {row['seconds']:8.3f} s  {row['part']:<28} {row['kind']}")
