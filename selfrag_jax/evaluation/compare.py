@@ -107,7 +107,7 @@ def compare(session, items: list, specs: list[PipelineSpec], args: argparse.Name
         if warmup:
             session.run(items[: args.batch_size], opts, args.batch_size)
         out = session.run(items, opts, args.batch_size)
-        reports[spec.name] = out.report(inputs, judge)
+        reports[spec.name] = out.report(inputs, judge, opts.refuse.message)
         if args.predictions_dir and is_main():
             write_predictions(Path(args.predictions_dir), spec.name, out.records, reports[spec.name])
     return reports

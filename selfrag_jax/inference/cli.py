@@ -122,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
     with atomic_file(args.output) as handle:
         for record in out.records:
             handle.write(json.dumps(record, ensure_ascii=False) + "\n")
-    report = out.report([it.record for it in items])
+    report = out.report([it.record for it in items], refusal_message=opts.refuse.message)
     with atomic_file(f"{args.output}.report.json") as handle:
         handle.write(json.dumps(report, indent=1) + "\n")
     print(format_table({opts.pipeline: report}))
@@ -191,13 +191,13 @@ class RunOutput:
     batch_size: int
     seconds: float
 
-    def report(self, inputs: list[dict[str, Any]], judge=None) -> dict[str, Any]:
+    def report(self, inputs: list[dict[str, Any]], judge=None, refusal_message: str | None = None) -> dict[str, Any]:
         from selfrag_jax.inference.report import cost_report, quality_report
 
         report = {"pipeline": self.records[0].get("pipeline", "selfrag") if self.records else None}
         report.update(cost_report(self.records, [r.latency_s for r in self.results], self.tokens,
                                   self.batch_size, self.seconds))
-        report.update(quality_report(inputs, self.records, judge))
+        report.update(quality_report(inputs, self.records, judge, refusal_message))
         return report
 
 

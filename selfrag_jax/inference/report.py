@@ -73,12 +73,13 @@ def used_passages(record: dict[str, Any]) -> list[dict[str, str]]:
 
 
 def quality_report(inputs: list[dict[str, Any]], records: list[dict[str, Any]],
-                   judge: SupportJudge | None = None, refusal_message: str = RefuseOptions().message) -> dict[str, Any]:
+                   judge: SupportJudge | None = None, refusal_message: str | None = None) -> dict[str, Any]:
     """Accuracy, refusal accuracy and faithfulness of `records` against the input records. A
-    refusal is the support bar's or an answer that is the refusal message (the generator's own)."""
+    refusal is the support bar's or an answer that is the refusal message (the generator's own;
+    default: `RefuseOptions`' message)."""
     answerable = [rec.get("answerable", True) is not False for rec in inputs]
     graded = [(inp, out) for inp, out, ok in zip(inputs, records, answerable) if ok and _answers(inp)]
-    said = normalize_answer(refusal_message)
+    said = normalize_answer(RefuseOptions().message if refusal_message is None else refusal_message)
     refusals = [bool(out.get("refused")) or normalize_answer(out.get("prediction") or "") == said for out in records]
     un = [r for r, ok in zip(refusals, answerable) if not ok]
     out: dict[str, Any] = {
