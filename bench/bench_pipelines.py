@@ -179,9 +179,9 @@ def with_distractors(records: list[dict[str, Any]], retrieve, entities: dict[str
 
 def world(args: argparse.Namespace) -> dict[str, Any]:
     from selfrag_jax.evaluation.compare import PipelineSpec, compare
-    from selfrag_jax.inference.cli import Session
+    from selfrag_jax.inference.cli import Session, options_from_args
     from selfrag_jax.inference.items import parse_item
-    from selfrag_jax.inference.settings import refusal_bar, settings_file
+    from selfrag_jax.inference.settings import settings_file
     from selfrag_jax.world.judges import WorldFactJudge
     from selfrag_jax.world.unanswerable import KINDS
 
@@ -218,7 +218,7 @@ def world(args: argparse.Namespace) -> dict[str, Any]:
     lost = clean["accuracy"] - crag["selfrag"]["accuracy"]
     recovered = crag["selfrag+crag"]["accuracy"] - crag["selfrag"]["accuracy"]
     share = recovered / lost if lost > 0 else None
-    bar = refusal_bar(args.model) if args.refuse_rel_threshold is None else (args.refuse_rel_threshold, None)
+    bar = options_from_args(cargs, "selfrag", True, keep_top=0).refuse  # the bar selfrag+refuse ran with
     summary = [
         {"what": f"world: {k} unanswerable questions refused (selfrag+refuse, test)",
          "ours": f"{r['selfrag+refuse']['refusal_rate_unanswerable']:.1%}",
@@ -241,9 +241,9 @@ def world(args: argparse.Namespace) -> dict[str, Any]:
     if args.plot and settings.get("refuse", {}).get("dev_grid"):
         plot_refusal_tradeoff(settings["refuse"], refused, answerable, Path(args.plot))
     return {"world_dir": str(world_dir), "model": args.model, "index": args.index, "n_per_set": args.n, "ndocs": ndocs,
-            "refusal_bar": None if bar is None else {
-                "rel_threshold": bar[0], "sup_threshold": bar[1], "issup": bar[2] if len(bar) > 2 else None,
-                "chosen_on": "dev splits (decoding.json)" if args.refuse_rel_threshold is None else "--refuse-rel-threshold"},
+            "refusal_bar": {"rel_threshold": bar.rel_threshold, "sup_threshold": bar.sup_threshold, "issup": bar.issup,
+                            "chosen_on": "--refuse-rel-threshold" if args.refuse_rel_threshold is not None
+                            else "dev splits (decoding.json)" if settings.get("refuse") else "RefuseOptions' defaults"},
             "crag_rel_threshold": args.crag_rel_threshold,
             "answerable": answerable, "unanswerable": refused, "distractors": crag,
             "accuracy_drop_from_refusal": acc_drop, "crag_lost": lost, "crag_recovered": recovered,

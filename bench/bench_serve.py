@@ -96,9 +96,10 @@ def prepare(work: Path) -> tuple[Path, list[str]]:
 
 
 def start_server(index: Path, port: int, args) -> subprocess.Popen:
-    from selfrag_jax.bundled import ASSETS, DEPTH_FILE
+    from selfrag_jax.bundled import ASSETS
+    from selfrag_jax.demo.decoding import model_ndocs
 
-    ndocs = args.ndocs or json.loads((ASSETS / DEPTH_FILE).read_text())["ndocs"]
+    ndocs = args.ndocs or model_ndocs(ASSETS)[0]
     cmd = [sys.executable, "-m", "selfrag_jax", "serve", "--model", str(ASSETS / "generator"), "--index", str(index),
            "--port", str(port), "--batch-size", str(args.batch_size), "--ndocs", str(ndocs),
            "--max-new-tokens", str(args.max_new_tokens)]

@@ -16,7 +16,6 @@ is the chance that a stated answer gets a higher p(Fully supported) than an inve
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 from pathlib import Path
@@ -31,12 +30,10 @@ GOAL_AUC = 0.9
 
 def examples(world: Path, n: int, seed: int = 0) -> list[dict[str, Any]]:
     """(question, passage, answer, stated) pairs: each question with its stated and one invented value."""
-    passages = {}
-    for line in (world / "passages.jsonl").read_text().splitlines():
-        if line.strip():
-            p = json.loads(line)
-            passages[p["id"]] = p
-    qa = [json.loads(line) for line in (world / "eval" / "world_qa.jsonl").read_text().splitlines() if line.strip()]
+    from selfrag_jax.world import read_jsonl
+
+    passages = {p["id"]: p for p in read_jsonl(str(world / "passages.jsonl"))}
+    qa = read_jsonl(str(world / "eval" / "world_qa.jsonl"))
     values: dict[str, list[str]] = {}
     for r in qa:
         values.setdefault(r["meta"]["attributes"][0], []).append(r["answers"][0])

@@ -32,8 +32,6 @@ KINDS = ("matmul (layers)", "matmul (vocabulary)", "attention", "softmax (vocabu
          "cache writes, copies, pads, gathers", "other (norms, RoPE, elementwise)")
 _MOVES = {"dynamic-update-slice", "dynamic-slice", "scatter", "gather", "pad", "copy", "concatenate", "transpose",
           "slice", "broadcast", "select-and-scatter", "copy-start", "copy-done"}
-UNATTRIBUTED: dict[str, float] = collections.defaultdict(float)  # event name -> seconds, for the report
-WALL: dict[str, float] = {}  # program -> wall seconds of its traced call
 _ATTENTION = {"exp", "reduce_max", "reduce_sum", "div", "select_n", "sub", "stop_gradient"}
 _INSTR = re.compile(r"^\s*(?:ROOT )?%([^\s=]+) = (.*)$")
 _COMP = re.compile(r"^(?:ENTRY )?%([^\s(]+) .*\{\s*$")
@@ -116,8 +114,9 @@ def self_times(events) -> list[tuple[str, float]]:
     return out
 
 
-def profile_program(fn, hlo: dict[str, dict[str, Any]], program: str) -> dict[tuple[str, str], float]:
-    """Run `fn` under the profiler; seconds of XLA op self time by (part, kind)."""
+def profile_program(fn, hlo: dict[str, dict[str, Any]], program: str):
+    """Run `fn` under the profiler: (seconds of XLA op self time by (part, kind), seconds by
+    the name of each event no HLO instruction accounts for, wall seconds of the call)."""
     import jax
     from jax.profiler import ProfileData
 
@@ -125,9 +124,10 @@ def profile_program(fn, hlo: dict[str, dict[str, Any]], program: str) -> dict[tu
     with jax.profiler.trace(folder):
         t0 = time.perf_counter()
         fn()
-        WALL[program] = time.perf_counter() - t0
+        wall = time.perf_counter() - t0
     data = ProfileData.from_file(glob.glob(f"{folder}/**/*.xplane.pb", recursive=True)[0])
     totals: dict[tuple[str, str], float] = collections.defaultdict(float)
+    unattributed: dict[str, float] = collections.defaultdict(float)
     for plane in data.planes:
         if plane.name != "/host:CPU":
             continue
@@ -140,11 +140,10 @@ def profile_program(fn, hlo: dict[str, dict[str, Any]], program: str) -> dict[tu
                 info = hlo.get(name)
                 if info is None:  # runtime work that is no HLO instruction of this program
                     totals[("unattributed", "unattributed")] += ns / 1e9
-                    UNATTRIBUTED[name] += ns / 1e9
+                    unattributed[name] += ns / 1e9
                     continue
-                info = {**info, "name": name}
                 totals[(part_of(program, info["op_name"]), kind_of(info))] += ns / 1e9
-    return totals
+    return totals, unattributed, wall
 
 
 def summary(result: dict[str, Any]) -> list[dict[str, Any]]:
@@ -193,11 +192,16 @@ def main(argv=None) -> int:
         hlo[program.__name__] = parse_hlo(program.lower(*a).compile().as_text())
 
     parts: dict[tuple[str, str], float] = collections.defaultdict(float)
+    unattributed: dict[str, float] = collections.defaultdict(float)
+    wall = {}
     state = engine.prefill(prompts)
     for name, fn in (("_prefill_impl", lambda: engine.prefill(prompts)),
                      ("_decode_impl", lambda: engine.decode(state, src, suffixes))):
-        for key, sec in profile_program(fn, hlo[name], name).items():
+        totals, missed, wall[name] = profile_program(fn, hlo[name], name)
+        for key, sec in totals.items():
             parts[key] += sec
+        for event, sec in missed.items():
+            unattributed[event] += sec
     total = sum(parts.values())
     by_part, by_kind = collections.defaultdict(float), collections.defaultdict(float)
     for (part, kind), sec in parts.items():
@@ -207,8 +211,8 @@ def main(argv=None) -> int:
              for (p, k), s in sorted(parts.items(), key=lambda kv: -kv[1])]
     result = {"date": now(), "machine": machine_info(), "versions": versions(), "workload": w.__dict__,
               "model": args.model or w.preset, "rows": len(src), "generated_tokens": int(np.sum(seg.counts)),
-              "op_seconds": round(total, 3), "traced_wall_seconds": {k: round(v, 3) for k, v in WALL.items()},
-              "unattributed_events": {k: round(v, 4) for k, v in sorted(UNATTRIBUTED.items(), key=lambda kv: -kv[1])[:5]},
+              "op_seconds": round(total, 3), "traced_wall_seconds": {k: round(v, 3) for k, v in wall.items()},
+              "unattributed_events": {k: round(v, 4) for k, v in sorted(unattributed.items(), key=lambda kv: -kv[1])[:5]},
               "by_part": {k: round(v / total, 4) for k, v in sorted(by_part.items(), key=lambda kv: -kv[1])},
               "by_kind": {k: round(v / total, 4) for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])},
               "table": table}

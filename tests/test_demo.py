@@ -234,12 +234,12 @@ def test_demo_retrain_evaluates_the_shipped_models_in_a_second_process(tmp_path,
     equal the parent's own evaluation of them."""
     import shutil
 
-    from selfrag_jax.bundled import DEPTH_FILE
     from selfrag_jax.demo.decoding import model_ndocs
     from selfrag_jax.demo.pipeline import Stages
+    from selfrag_jax.inference.settings import SETTINGS_FILE
 
     work, models, encoder = demo_inputs(tmp_path)
-    (models / DEPTH_FILE).write_text(json.dumps({"ndocs": 2, "dev_match": {"1": 0.5, "2": 0.75}, "n": 4}))
+    (models / SETTINGS_FILE).write_text(json.dumps({"ndocs": 2, "dev_match": {"1": 0.5, "2": 0.75}, "n": 4}))
     monkeypatch.setattr(Stages, "run_all", lambda self, export=True: None)
     monkeypatch.setattr(Stages, "export", lambda self, dest: {"dest": str(shutil.copytree(models, dest))})
     assert main(["demo", "--retrain", "--workdir", str(work), "--models", str(models), "--encoder", str(encoder),
@@ -253,7 +253,7 @@ def test_demo_retrain_evaluates_the_shipped_models_in_a_second_process(tmp_path,
     for name in ("shipped", "retrained"):
         rows = [json.loads(line) for line in (work / name / "predictions" / "world_qa.selfrag.jsonl").read_text().splitlines()]
         assert all(len(r["candidates"]) <= 2 for r in rows) and any(len(r["candidates"]) == 2 for r in rows)
-    (models / DEPTH_FILE).write_text(json.dumps({"ndocs": 9}))
+    (models / SETTINGS_FILE).write_text(json.dumps({"ndocs": 9}))
     with pytest.raises(ValueError, match=r"decoding\.json: ndocs must be a whole number from 1 to 5, got 9"):
         model_ndocs(models)
 
@@ -351,6 +351,7 @@ def test_annotate_stage_keeps_contrast_pairs_only_where_the_critic_rates_them_un
     from selfrag_jax.data.annotate import Critic
     from selfrag_jax.demo import pipeline
     from selfrag_jax.world import WorldConfig, build_world, parse_output, read_jsonl
+    from selfrag_jax.world.generator_data import CONTRAST_SUFFIX
     from selfrag_jax.world.pretrain import PretrainConfig
 
     build_world(str(tmp_path / "world"), config=WorldConfig(  # test_world's small world, fewer raw pairs
@@ -378,7 +379,7 @@ def test_annotate_stage_keeps_contrast_pairs_only_where_the_critic_rates_them_un
     stages = pipeline.Stages(tmp_path)
     report = stages.annotate()["report"]
     out = read_jsonl(str(tmp_path / "annotated.jsonl"))
-    contrast = [r for r in out if r["id"].endswith("_contrast")]
+    contrast = [r for r in out if r["id"].endswith(CONTRAST_SUFFIX)]
     unsupported = [any(s.issup == T.NO_SUPPORT for s in parse_output(r["output"]).segments) for r in contrast]
     assert contrast and all(unsupported)
     made = sum(r["contrast"]["made"] for r in report.values())

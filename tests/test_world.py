@@ -213,7 +213,7 @@ def test_generator_outputs_parse_and_cover_every_class(built):
 
 
 def test_contrast_pairs_give_each_chosen_question_another_value_of_its_attribute(built):
-    from selfrag_jax.world.generator_data import contrast_pairs
+    from selfrag_jax.world.generator_data import CONTRAST_SUFFIX, contrast_pairs
 
     out, _ = built
     records, metas = load(out, "train/raw.jsonl"), load(out, "train/raw_meta.jsonl")
@@ -222,7 +222,7 @@ def test_contrast_pairs_give_each_chosen_question_another_value_of_its_attribute
     values = {a: {m["answers"][0] for m in qa.values() if m["attributes"][0] == a} for a in {m["attributes"][0] for m in qa.values()}}
     assert 0.35 * len(qa) < len(pairs) < 0.65 * len(qa)
     for p in pairs:
-        meta = qa[p["id"].removesuffix("_contrast")]
+        meta = qa[p["id"].removesuffix(CONTRAST_SUFFIX)]
         assert p["output"] not in meta["answers"] and p["output"] in values[meta["attributes"][0]]
         assert p["instruction"] == records[[r["id"] for r in records].index(meta["id"])]["instruction"]
     assert contrast_pairs(records, metas, 0.5, seed=1) == pairs and not contrast_pairs(records, metas, 0.0)

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from selfrag_jax.bundled import DEPTH_FILE
+from selfrag_jax.inference.settings import SETTINGS_FILE
 
 # Self-RAG's retrieval depth K (the paper: 5 or 10) is chosen per set of models on the dev
 # split and kept beside them (`decoding.json`, `choose_depth`): the paper's score chooses
@@ -20,8 +20,8 @@ PAPER_NDOCS = 5
 
 
 def model_ndocs(models: Path) -> tuple[int, dict[str, Any] | None]:
-    """The depth chosen on the dev split for these models (`DEPTH_FILE`), else the paper's."""
-    path = models / DEPTH_FILE
+    """The depth chosen on the dev split for these models (`SETTINGS_FILE`), else the paper's."""
+    path = models / SETTINGS_FILE
     if not path.exists():
         return PAPER_NDOCS, None
     info = json.loads(path.read_text())
@@ -82,14 +82,16 @@ def pick_refusal(bars: list[tuple[float, float, bool]], answerable: np.ndarray, 
 
 
 def choose_refusal(generator: Path, world: Path, index: Path, cache: Path, ndocs: int, n_answerable: int = 300,
-                   batch_size: int = 32, log=print) -> dict[str, Any]:
+                   batch_size: int = 32, answerable_cache: Path | None = None, log=print) -> dict[str, Any]:
     """The refusal bar for this generator (`pick_refusal`), from one decode of the dev splits:
-    the first `n_answerable` of world_qa_dev and every unanswerable kind's dev split
-    (eval/unanswerable/*_dev.jsonl), each cached with both paths at depth `ndocs` and swept over
-    REFUSE_REL x REFUSE_SUP. An unanswerable question counts as refused when the answer is the
-    refusal, from the bar or written by the generator (its gold is set to that message)."""
+    the first `n_answerable` of world_qa_dev (or `answerable_cache`, a cache of them with both
+    paths at a depth of at least `ndocs`: `choose_depth`'s) and every unanswerable kind's dev
+    split (eval/unanswerable/*_dev.jsonl), each cached with both paths and swept at depth
+    `ndocs` over REFUSE_REL x REFUSE_SUP. An unanswerable question counts as refused when the
+    answer is the refusal, from the bar or written by the generator (its gold is set to that
+    message)."""
     from selfrag_jax.evaluation import sweep as S
-    from selfrag_jax.inference.cache import write_cache
+    from selfrag_jax.inference.cache import load_cache, write_cache
     from selfrag_jax.inference.scoring import RefuseOptions
     from selfrag_jax.inference.selfrag import GenerateOptions, ShortForm
     from selfrag_jax.retrieval.retriever import Retriever
@@ -109,12 +111,15 @@ def choose_refusal(generator: Path, world: Path, index: Path, cache: Path, ndocs
         raise FileNotFoundError(f"{world / 'eval' / 'unanswerable'}: no *_dev.jsonl sets (a world built before them)")
     metric, n = {}, {}
     for name, path in sets.items():
-        items = load_items(path, n_answerable if name == "answerable" else 10**9)
-        if name != "answerable":  # counted as matched when the answer is the refusal
-            items = [dataclasses.replace(it, record={**it.record, "answers": [message]}) for it in items]
-        results = run_batches(runner, items, batch_size, f"dev/refusal {name}")
-        metric[name] = S.run_sweep(S.prepare(write_cache(cache / name, results, runner.opts)), configs).metric
-        n[name] = len(items)
+        if name == "answerable" and answerable_cache is not None:
+            cached = load_cache(answerable_cache)
+        else:
+            items = load_items(path, n_answerable if name == "answerable" else None)
+            if name != "answerable":  # counted as matched when the answer is the refusal
+                items = [dataclasses.replace(it, record={**it.record, "answers": [message]}) for it in items]
+            cached = write_cache(cache / name, run_batches(runner, items, batch_size, f"dev/refusal {name}"), runner.opts)
+        metric[name] = S.run_sweep(S.prepare(cached), configs).metric
+        n[name] = len(cached.questions)
     refused = {k: v[1:] for k, v in metric.items() if k != "answerable"}
     best = pick_refusal(bars, metric["answerable"][1:], refused, float(metric["answerable"][0]))
     rel, sup, issup = bars[best]
@@ -149,7 +154,7 @@ def run_batches(runner, items: list, batch_size: int, desc: str) -> list:
     return results
 
 
-def load_items(path: Path, limit: int):
+def load_items(path: Path, limit: int | None):
     from selfrag_jax.inference.items import Item
 
     items = []

@@ -26,8 +26,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from selfrag_jax.bundled import ASSETS, DEPTH_FILE
+from selfrag_jax.bundled import ASSETS
 from selfrag_jax.demo.decoding import choose_depth
+from selfrag_jax.inference.settings import SETTINGS_FILE
 from selfrag_jax.tokens import NO_SUPPORT
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "default"
@@ -175,22 +176,24 @@ class Stages:
         from selfrag_jax.data.annotate import Critic, annotate, read_pairs
         from selfrag_jax.models.checkpoint import load_model
         from selfrag_jax.retrieval.retriever import Retriever
-        from selfrag_jax.world.generator_data import contrast_pairs, parse_output
+        from selfrag_jax.world import read_jsonl
+        from selfrag_jax.world.generator_data import CONTRAST_SUFFIX, contrast_pairs, parse_output
 
-        def unsupported(output: str) -> bool:
-            return any(s.issup == NO_SUPPORT for s in parse_output(output).segments)
+        def keep(record: dict) -> bool:
+            """A contrast pair teaches IsSup only where the critic rated its value unsupported
+            against a relevant passage; elsewhere it would teach the wrong value."""
+            return not record["id"].endswith(CONTRAST_SUFFIX) or any(
+                s.issup == NO_SUPPORT for s in parse_output(record["output"]).segments)
 
         config, params, tok, _ = load_model(self.critic_dir)
         critic, out, reports = Critic(params, config, tok), [], {}
         for raw, index in (("raw.jsonl", "index"), ("practice_raw.jsonl", "practice_index")):
             records = read_pairs(str(self.out / "world" / "train" / raw))
-            metas = [json.loads(line) for line in (self.out / "world" / "train" / raw.replace(".jsonl", "_meta.jsonl")).open()]
+            metas = read_jsonl(str(self.out / "world" / "train" / raw.replace(".jsonl", "_meta.jsonl")))
             contrast = contrast_pairs(records, metas, CONTRAST_SHARE)
             annotated, reports[raw] = annotate(records + contrast, critic, Retriever.from_dir(self.out / index))
-            # A contrast pair teaches IsSup only where the critic rated its value unsupported
-            # against a relevant passage; elsewhere it would teach the wrong value.
-            kept = [r for r in annotated if not r["id"].endswith("_contrast") or unsupported(r["output"])]
-            reports[raw]["contrast"] = {"made": len(contrast), "kept": len(contrast) - (len(annotated) - len(kept))}
+            kept = [r for r in annotated if keep(r)]
+            reports[raw]["contrast"] = {"made": len(contrast), "kept": len(kept) - len(records)}
             out += kept
         tmp = self.out / "annotated.jsonl.tmp"
         with open(tmp, "w") as f:
@@ -212,8 +215,8 @@ class Stages:
             with tempfile.TemporaryDirectory() as tok_dir:
                 tok.save(tok_dir)
                 export_hf(params, config, dest / name, meta=meta, tokenizer_dir=tok_dir)
-        if (self.out / DEPTH_FILE).exists():
-            shutil.copyfile(self.out / DEPTH_FILE, dest / DEPTH_FILE)
+        if (self.out / SETTINGS_FILE).exists():
+            shutil.copyfile(self.out / SETTINGS_FILE, dest / SETTINGS_FILE)
         return {"dest": str(dest)}
 
     def depth(self):
@@ -221,7 +224,7 @@ class Stages:
 
         info = choose_depth(self.out / "generator", self.out / "world", self.out / "index", self.out / "depth_cache",
                             log=self.log)
-        with atomic_file(self.out / DEPTH_FILE) as f:
+        with atomic_file(self.out / SETTINGS_FILE) as f:
             f.write(json.dumps(info, indent=1) + "\n")
         return info
 
@@ -230,10 +233,11 @@ class Stages:
         from selfrag_jax.demo.decoding import choose_refusal
         from selfrag_jax.utils import atomic_file
 
-        info = json.loads((self.out / DEPTH_FILE).read_text())
+        info = json.loads((self.out / SETTINGS_FILE).read_text())
         info["refuse"] = choose_refusal(self.out / "generator", self.out / "world", self.out / "index",
-                                        self.out / "refusal_cache", info["ndocs"], log=self.log)
-        with atomic_file(self.out / DEPTH_FILE) as f:
+                                        self.out / "refusal_cache", info["ndocs"], log=self.log,
+                                        answerable_cache=self.out / "depth_cache")  # the depth stage's decode
+        with atomic_file(self.out / SETTINGS_FILE) as f:
             f.write(json.dumps(info, indent=1) + "\n")
         return info["refuse"]
 

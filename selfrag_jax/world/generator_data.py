@@ -130,9 +130,12 @@ def make_generator_example(world: World, task: Task, rng: random.Random, cfg: Ge
     return GeneratorExample(rec, {**task.meta(), "labels": labels})
 
 
+CONTRAST_SUFFIX = "_contrast"
+
+
 def contrast_pairs(records: list[dict], metas: list[dict], share: float, seed: int = 0) -> list[dict]:
     """Copies of a `share` of the single-attribute questions whose output is another question's
-    value of the same attribute (ids end `_contrast`): once the critic annotates them they pair
+    value of the same attribute (ids end `CONTRAST_SUFFIX`): once the critic annotates them they pair
     a relevant passage with a value it does not state, the `[No support / Contradictory]` case
     the world's fixed answers never give (beyond the paper; trained with the answer text
     weighted 0, `MaskConfig.unsupported_weight`)."""
@@ -146,7 +149,7 @@ def contrast_pairs(records: list[dict], metas: list[dict], share: float, seed: i
             continue
         pool = sorted(set(values[m["attributes"][0]]) - set(m["answers"]))
         if pool:
-            out.append({**r, "output": rng.choice(pool), "id": f"{r['id']}_contrast"})
+            out.append({**r, "output": rng.choice(pool), "id": r["id"] + CONTRAST_SUFFIX})
     return out
 
 

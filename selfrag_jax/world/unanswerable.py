@@ -49,7 +49,8 @@ def unanswerable_sets(world: World, seed: int) -> dict[str, list[dict]]:
     lasts = sorted({p.last for p in kb.people} | {g.last for g in kb.ghosts})
     taken = {p.name for p in kb.people} | {g.name for g in kb.ghosts}
     names = _NameMaker(rng)
-    names.used |= {w.lower() for w in (*firsts, *lasts, *(p.name for p in kb.places), *(o.name for o in kb.orgs))}
+    # every word the world already names (an organisation's name is a word and its kind)
+    names.used |= {w.lower() for w in (*firsts, *lasts, *(p.name for p in kb.places), *(o.name.split()[0] for o in kb.orgs))}
     # dev and test ask about different held-out people and name-only people
     people = {"dev": heldout[0::2], "test": heldout[1::2]}
     ghosts = [g for g in kb.ghosts if g.split == "heldout"]
@@ -59,13 +60,13 @@ def unanswerable_sets(world: World, seed: int) -> dict[str, list[dict]]:
         a = rng.choice(list(QUESTIONS))
         return rng.choice(QUESTIONS[a]).format(name=name), name, ids, a
 
-    def recombined(split: str) -> tuple[str, str, list[str], str]:
+    def recombined(split: str, i: int) -> tuple[str, str, list[str], str]:
         while True:  # the last name a held-out person's, so the retriever finds a held-out look-alike
             a, b = rng.choice(kb.people), rng.choice(people[split])
             if f"{a.first} {b.last}" not in taken and a.first != b.first:
                 return asked(f"{a.first} {b.last}", [a.id, b.id])
 
-    def unstated(split: str) -> tuple[str, str, list[str], str]:
+    def unstated(split: str, i: int) -> tuple[str, str, list[str], str]:
         p, a = rng.choice(people[split]), rng.choice(list(UNSTATED))
         return rng.choice(UNSTATED[a]).format(name=p.name), p.name, [p.id], a
 
@@ -73,10 +74,9 @@ def unanswerable_sets(world: World, seed: int) -> dict[str, list[dict]]:
         g = ghosts[split][i % len(ghosts[split])]
         return asked(g.name, [g.id])
 
-    def unseen(split: str) -> tuple[str, str, list[str], str]:
+    def unseen_name(split: str, i: int) -> tuple[str, str, list[str], str]:
         return asked(f"{names.make(2, max_len=8)} {names.make(rng.choice((2, 3)), max_len=12)}", [])
 
-    make = {"unseen_name": lambda s, i: unseen(s), "recombined": lambda s, i: recombined(s),
-            "unstated": lambda s, i: unstated(s), "others_only": others_only}
+    make = {"unseen_name": unseen_name, "recombined": recombined, "unstated": unstated, "others_only": others_only}
     return {f"{kind}_{split}": [_record(kind, split, i, *fn(split, i)) for i in range(size)]
             for kind, fn in make.items() for split, size in SPLITS.items()}
