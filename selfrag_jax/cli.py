@@ -22,7 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("selfrag_jax.training.main", "train the critic or the generator from a YAML config"),
     "index build": ("selfrag_jax.retrieval.cli", "embed passages and build a persistent ScaNN (or exact) index"),
     "index search": ("selfrag_jax.retrieval.cli", "top-k passages of an index for one query"),
-    "serve-retrieval": ("selfrag_jax.retrieval.cli", "HTTP retrieval service over an index folder"),
+    "serve-retrieval": ("selfrag_jax.retrieval.cli", "HTTP retrieval service over an index folder, or a fan-out over shards' services (--shard)"),
     "data preview": ("selfrag_jax.data.preview", "show how examples are tokenized and which tokens carry loss"),
     "generate": ("selfrag_jax.inference.cli", "Self-RAG inference (short or long form) over a JSON-lines file"),
     "serve": ("selfrag_jax.inference.server", "Self-RAG answers over HTTP, batched across requests (POST /generate)"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import http.client
 import json
 import signal
@@ -17,7 +18,7 @@ import pytest
 from selfrag_jax.retrieval.build import BuildConfig, build_index_folder
 from selfrag_jax.retrieval.embed import EmbedConfig
 from selfrag_jax.retrieval.encoder import TextEncoder
-from selfrag_jax.retrieval.retriever import RetrievalError, Retriever, RetrieverClient, ShardedRetriever
+from selfrag_jax.retrieval.retriever import RetrievalError, Retriever, RetrieverClient, ShardedRetriever, ShardUnavailable
 from selfrag_jax.retrieval.server import BATCHER, BackgroundServer, ServerConfig
 from test_retrieval_support import single_device_env, write_corpus
 
@@ -180,3 +181,110 @@ def test_cli_search_and_serve(tiny_index, capsys):
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
+
+
+def start_server(args: list[str]) -> subprocess.Popen:
+    """`selfrag-jax serve-retrieval ARGS` on a free loopback port; its URL comes with `server_url`."""
+    return subprocess.Popen([sys.executable, "-m", "selfrag_jax", "serve-retrieval", *args, "--port", "0"],
+                            cwd=REPO, env=single_device_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+
+def server_url(proc: subprocess.Popen) -> str:
+    line = proc.stdout.readline()  # the banner, printed once the port is bound
+    assert " on http://127.0.0.1:" in line, proc.stderr.read() if not line else line
+    return line.split(" on ")[1].split()[0]
+
+
+def assert_same_hits(got: list[list[dict]], want: list[list[dict]]) -> None:
+    assert [[h["id"] for h in q] for q in got] == [[h["id"] for h in q] for q in want]
+    for g, w in zip(got, want):
+        np.testing.assert_allclose([h["score"] for h in g], [h["score"] for h in w], rtol=0, atol=1e-6)
+
+
+def test_four_shard_services_behind_a_fan_out_equal_one_index(tmp_path, retriever, encoder, capsys):
+    """Four `serve-retrieval` processes, one per quarter of the corpus, fanned out in process,
+    by a fan-out server and by `serve-retrieval --shard ... --allow-partial`: the same hits as
+    one index; a shard that hangs or dies is named (ShardUnavailable, 503) or flagged partial."""
+    from selfrag_jax.cli import main
+    from selfrag_jax.inference.cli import make_retriever
+
+    rows = [json.loads(line) for line in retriever.store._map[:].decode().splitlines()]
+    folders = []
+    for i in range(4):  # contiguous quarters, so ties break as in the whole index (by row)
+        path = tmp_path / f"s{i}.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows[15 * i : 15 * (i + 1)]))
+        config = BuildConfig(passages=str(path), out=str(tmp_path / f"s{i}"), backend=BACKEND, embed=EmbedConfig(progress=False))
+        folders.append(build_index_folder(config, encoder=encoder, log=lambda _: None))
+    t0 = time.perf_counter()
+    procs = [start_server([str(folder), "--max-batch", "2"]) for folder in folders]  # started together
+    try:
+        urls = [server_url(proc) for proc in procs]
+        startup = time.perf_counter() - t0
+        procs.append(start_server([f"--shard={url}" for url in urls] + ["--allow-partial", "--shard-timeout", "5"]))
+        clients = [RetrieverClient(url, timeout=10) for url in urls]
+        fan = ShardedRetriever(clients)
+        queries = ["astronomy", "a passage on cooking", "football facts", "computers and music", "history notes"]
+        for k in (1, 5, 12):
+            assert_same_hits(fan.retrieve(queries, k), retriever.retrieve(queries, k))
+        whole = retriever.retrieve(queries, 5)
+        engine_retrieve = make_retriever(argparse.Namespace(index=None, retriever_url=",".join(urls)))  # generate's
+        assert_same_hits(engine_retrieve(queries, 5), whole)
+        with pytest.raises(ValueError, match="empty URL"):
+            make_retriever(argparse.Namespace(index=None, retriever_url=f"{urls[0]},,{urls[1]}"))
+        body = json.dumps({"queries": queries, "k": 5}).encode()
+        with BackgroundServer(ShardedRetriever([RetrieverClient(url, timeout=10) for url in urls])) as front:
+            status, data = raw_post(front.url, body)
+            assert status == 200 and data["partial"] is False and data["missing"] == []
+            assert_same_hits(data["results"], whole)
+            status, data = raw_post(front.url, b"", path="/health", method="GET")
+            assert status == 200 and data["status"] == "ok" and data["passages"] == 60
+            assert [(s["shard"], s["passages"]) for s in data["shards"]] == [(url, 15) for url in urls]
+
+            cli_url = server_url(procs[4])  # the CLI fan-out, --allow-partial
+            status, data = raw_post(cli_url, body)
+            assert status == 200 and data["partial"] is False
+            assert_same_hits(data["results"], whole)
+
+            # A shard that stops answering (its process stopped): the clients' timeout names it.
+            procs[1].send_signal(signal.SIGSTOP)
+            hung = ShardedRetriever([RetrieverClient(url, timeout=1) for url in urls])
+            with pytest.raises(ShardUnavailable, match="timed out") as info:
+                hung.retrieve(queries, 5)
+            assert info.value.shards == [urls[1]]
+            procs[1].send_signal(signal.SIGCONT)
+
+            # A shard that is gone.
+            procs[2].kill()
+            procs[2].wait(timeout=30)
+            with pytest.raises(ShardUnavailable) as info:
+                fan.retrieve(queries, 5)
+            assert info.value.shards == [urls[2]] and str(info.value).startswith(f"shard {urls[2]}")
+            status, data = raw_post(front.url, body)
+            assert status == 503 and data["error"].startswith(f"shard {urls[2]}"), data
+            status, data = raw_post(front.url, b"", path="/health", method="GET")
+            assert status == 503 and data["status"] == "unavailable" and data["passages"] == 45
+            assert [s["status"] for s in data["shards"]] == ["ok", "ok", "unavailable", "ok"]
+
+            rest = ShardedRetriever([c for i, c in enumerate(clients) if i != 2]).retrieve(queries, 5)
+            status, data = raw_post(cli_url, body)
+            assert status == 200 and data["partial"] is True and data["missing"] == [urls[2]]
+            assert data["results"] == rest  # exactly the merge of the three that answered
+            status, data = raw_post(cli_url, b"", path="/health", method="GET")
+            assert status == 200 and data["status"] == "partial" and data["passages"] == 45
+            partial = ShardedRetriever(clients, allow_partial=True).retrieve_detailed(queries, 5)
+            assert partial.missing == [urls[2]] and partial.results == rest
+
+        # The CLI's one-line refusals: DIR and --shard, neither, a shard down at start.
+        assert main(["serve-retrieval", str(folders[0]), "--shard", urls[0]]) == 2
+        assert main(["serve-retrieval"]) == 2
+        assert main(["serve-retrieval", "--shard", urls[0], "--shard", urls[2]]) == 2
+        err = capsys.readouterr().err
+        assert "not both" in err and "at least one --shard" in err and f"shard {urls[2]}" in err
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)
+                proc.kill()
+            proc.wait(timeout=30)
+    with capsys.disabled():
+        print(f"\nfour shard services up in {startup:.1f}s, test {time.perf_counter() - t0:.1f}s")

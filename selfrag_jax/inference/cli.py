@@ -102,7 +102,10 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
                    help="parameters and KV cache (critique softmax and log-prob sums stay float32)")
     p.add_argument("--trace", action="store_true", help="add token ids (prompt and generated) to the output")
     p.add_argument("--index", metavar="DIR", help="retrieve from this index folder when a record has no ctxs")
-    p.add_argument("--retriever-url", metavar="URL", help="retrieve from this HTTP service instead")
+    p.add_argument("--retriever-url", metavar="URL[,URL...]",
+                   help="retrieve from this `serve-retrieval` service instead; several, comma-separated, are one "
+                        "index's shards: searched together, hits merged by score, and a shard that does not "
+                        "answer fails the retrieval (naming it) rather than returning fewer passages")  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
@@ -275,7 +278,15 @@ def make_retriever(args: argparse.Namespace):
 
         return Retriever.from_dir(args.index).retrieve
     if args.retriever_url:
-        from selfrag_jax.retrieval.retriever import RetrieverClient
+        from selfrag_jax.retrieval.retriever import RetrieverClient, ShardedRetriever
 
-        return RetrieverClient(args.retriever_url).retrieve
+        urls = [url.strip() for url in args.retriever_url.split(",")]
+        if not all(urls):
+            raise ValueError(f"--retriever-url {args.retriever_url!r}: an empty URL between commas")
+        if len(urls) == 1:
+            return RetrieverClient(urls[0]).retrieve
+        try:
+            return ShardedRetriever([RetrieverClient(url) for url in urls]).retrieve
+        except ValueError as err:
+            raise ValueError(f"--retriever-url: {err}") from None
     return None

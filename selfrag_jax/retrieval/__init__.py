@@ -34,6 +34,8 @@ _EXPORTS = {
     "Retriever": "retriever",
     "RetrieverClient": "retriever",
     "ShardedRetriever": "retriever",
+    "ShardedResults": "retriever",
+    "ShardUnavailable": "retriever",
     "RetrievalError": "retriever",
     "ServerConfig": "server",
     "BackgroundServer": "server",

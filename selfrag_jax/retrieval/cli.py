@@ -22,10 +22,17 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         from selfrag_jax.retrieval.server import ServerConfig
 
         d = ServerConfig()
-        parser.add_argument("index", metavar="DIR", help="index folder (from `index build`)")
+        parser.add_argument("index", metavar="DIR", nargs="?", help="index folder (from `index build`); or --shard instead")
         parser.add_argument("--host", default=d.host, help=f"address to listen on (default {d.host})")
         parser.add_argument("--port", type=int, default=d.port, help=f"port (default {d.port}; 0 picks a free one)")
         parser.add_argument("--encoder", metavar="ENC", help="encoder folder to use instead of the manifest's (same model)")
+        fan_out = parser.add_argument_group("fan-out over shards' services (instead of DIR)")
+        fan_out.add_argument("--shard", metavar="URL", action="append", default=[],
+                             help="a shard's `serve-retrieval` (repeat per shard): each request is searched on all, hits merged by score")  # fmt: skip
+        fan_out.add_argument("--allow-partial", action="store_true",
+                             help="a shard that does not answer: 200 with \"partial\": true and \"missing\" (default: 503 naming it)")  # fmt: skip
+        fan_out.add_argument("--shard-timeout", type=float, default=30.0, metavar="S",
+                             help="seconds a shard may take to connect or answer before it counts as missing (default 30)")  # fmt: skip
         parser.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes, help="larger bodies get 413")
         parser.add_argument("--max-queries", type=int, default=d.max_queries, help="queries per request")
         parser.add_argument("--max-query-chars", type=int, default=d.max_query_chars, help="characters per query")
@@ -146,6 +153,9 @@ def _run_serve(args: argparse.Namespace) -> int:
     from selfrag_jax.retrieval.retriever import Retriever
     from selfrag_jax.retrieval.server import ServerConfig, serve
 
+    if bool(args.index) == bool(args.shard):
+        raise CLIError("give an index folder DIR or --shard URL (one per shard), not both" if args.index else
+                       "give an index folder DIR or at least one --shard URL")  # fmt: skip
     config = ServerConfig(
         host=args.host,
         port=args.port,
@@ -156,10 +166,37 @@ def _run_serve(args: argparse.Namespace) -> int:
         batch_wait_ms=args.batch_wait_ms,
         max_batch=args.max_batch,
     )
-    retriever = Retriever.from_dir(args.index, encoder_path=args.encoder)
-    retriever.warmup(max_batch=min(16, config.max_batch))  # compile before the first request
+    passages = None
+    if args.shard:
+        retriever, passages = _fan_out(args)
+    else:
+        retriever = Retriever.from_dir(args.index, encoder_path=args.encoder)
+        retriever.warmup(max_batch=min(16, config.max_batch))  # compile before the first request
     try:
-        serve(retriever, config, log=lambda msg: print(msg, flush=True))
+        serve(retriever, config, log=lambda msg: print(msg, flush=True), passages=passages)
     except OSError as err:
         raise CLIError(f"cannot listen on {config.host}:{config.port}: {err}") from None
     return 0
+
+
+def _fan_out(args: argparse.Namespace):
+    """The `ShardedRetriever` of the --shard services and their passages summed; a shard down
+    at start is an error (a warning with --allow-partial), so a typo fails before serving."""
+    from selfrag_jax.retrieval.retriever import RetrieverClient, ShardedRetriever
+
+    if args.encoder:
+        raise CLIError("--encoder applies to an index folder DIR, not to --shard (each shard has its own)")
+    if args.shard_timeout <= 0:
+        raise CLIError(f"--shard-timeout {args.shard_timeout}: must be positive")
+    try:
+        retriever = ShardedRetriever([RetrieverClient(url, timeout=args.shard_timeout) for url in args.shard],
+                                     allow_partial=args.allow_partial)  # fmt: skip
+    except ValueError as err:
+        raise CLIError(f"--shard: {err}") from None
+    shards = retriever.health()
+    down = [s["error"] for s in shards if s["status"] != "ok"]
+    if down and (not args.allow_partial or len(down) == len(shards)):
+        raise CLIError(down[0])
+    for error in down:
+        print(f"warning: {error}; serving without it until it answers (--allow-partial)", file=sys.stderr, flush=True)
+    return retriever, sum(s.get("passages", 0) for s in shards)

@@ -3,7 +3,9 @@
 `Retriever` runs in process (encoder + index + passage store from an index folder),
 `RetrieverClient` calls the HTTP service, and `ShardedRetriever` fans a query batch out to
 any mix of them and merges the top-k by score, which is how an index split over hosts (or
-processes) is searched. The inference engine only sees the method, so a managed vector
+processes) is searched. A shard that fails makes the fan-out raise `ShardUnavailable`
+naming it (or, when partial results are allowed, report it as missing), never return a
+silently shorter list. The inference engine only sees the method, so a managed vector
 database can stand behind the same interface.
 """
 
@@ -13,9 +15,10 @@ import dataclasses
 import heapq
 import http.client
 import json
+import logging
 import threading
 import urllib.parse
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol, Sequence
 
@@ -31,6 +34,20 @@ Hit = dict[str, Any]  # {"id", "title", "text", "score"}
 
 class RetrievalError(RuntimeError):
     """The service refused a request or could not be reached."""
+
+
+class ShardUnavailable(RetrievalError):
+    """Parts of a `ShardedRetriever` did not answer; `shards` names them (URLs for clients)."""
+
+    def __init__(self, failures: dict[str, str]):
+        self.failures = dict(failures)  # shard name -> why
+        self.shards = list(self.failures)
+        super().__init__("; ".join(_shard_message(name, why) for name, why in self.failures.items()))
+
+
+def _shard_message(name: str, why: str) -> str:
+    # A client's errors already start with its URL; say it once.
+    return f"shard {why}" if why.startswith(name) else f"shard {name}: {why}"
 
 
 class SupportsRetrieve(Protocol):
@@ -105,27 +122,95 @@ class Retriever:
         return out
 
 
-class ShardedRetriever:
-    """Searches several retrievers (in-process or remote) in parallel; merges by score."""
+@dataclasses.dataclass(frozen=True)
+class ShardedResults:
+    """A fan-out's merged hits and the shards that did not answer (empty: all did)."""
 
-    def __init__(self, parts: Sequence[SupportsRetrieve], max_workers: int | None = None):
+    results: list[list[Hit]]
+    missing: list[str]
+
+    @property
+    def partial(self) -> bool:
+        return bool(self.missing)
+
+
+class ShardedRetriever:
+    """Searches several retrievers (in-process or remote) in parallel; merges by score.
+
+    A part that fails (a `RetrievalError`, a refused connection, a client's timeout) makes
+    `retrieve` raise `ShardUnavailable` naming it. With `allow_partial` the hits of the parts
+    that answered are returned instead and `retrieve_detailed` says which are missing; a call
+    no part answered raises either way. Remote parts are bounded by their clients' `timeout`.
+    """
+
+    def __init__(self, parts: Sequence[SupportsRetrieve], max_workers: int | None = None, allow_partial: bool = False):
         if not parts:
             raise ValueError("ShardedRetriever needs at least one part")
         self.parts = list(parts)
-        self._pool = ThreadPoolExecutor(max_workers=max_workers or len(self.parts))
+        self.names = [getattr(part, "url", None) or f"part {i}" for i, part in enumerate(self.parts)]
+        repeated = sorted({name for name in self.names if self.names.count(name) > 1})
+        if repeated:  # the same shard twice would return its passages twice
+            raise ValueError(f"shard {repeated[0]} given more than once")
+        self.allow_partial = allow_partial
+        self._pool = ThreadPoolExecutor(max_workers=max_workers or len(self.parts), thread_name_prefix="shard")
 
     def retrieve(self, queries: Sequence[str], k: int = 5) -> list[list[Hit]]:
-        futures = [self._pool.submit(part.retrieve, list(queries), k) for part in self.parts]
-        per_part = [f.result() for f in futures]
-        return [heapq.nlargest(k, (hit for part in per_part for hit in part[q]), key=lambda h: h["score"]) for q in range(len(queries))]
+        out = self.retrieve_detailed(queries, k)
+        if out.partial:  # only with allow_partial: the caller asked for it, but the log should show it
+            logging.getLogger(__name__).warning("partial results: %s did not answer", ", ".join(out.missing))
+        return out.results
+
+    def retrieve_detailed(self, queries: Sequence[str], k: int = 5) -> ShardedResults:
+        queries = list(queries)
+        futures = [self._pool.submit(part.retrieve, queries, k) for part in self.parts]
+        answered: list[tuple[int, list[list[Hit]]]] = []
+        failures: dict[str, str] = {}
+        for i, future in enumerate(futures):
+            try:
+                hits = future.result()
+                if len(hits) != len(queries):  # a short answer must not pass for a complete one
+                    raise RetrievalError(f"answered {len(hits)} result lists for {len(queries)} queries")
+                answered.append((i, hits))
+            except (RetrievalError, OSError) as err:  # unreachable, timed out, refused; anything else is a bug: raised
+                failures[self.names[i]] = str(err) or type(err).__name__
+        if failures and (not self.allow_partial or not answered):
+            raise ShardUnavailable(failures)
+        results = [_merge([(i, hits[q]) for i, hits in answered], k) for q in range(len(queries))]
+        return ShardedResults(results, list(failures))
+
+    def health(self) -> list[dict[str, Any]]:
+        """Each part's state: {"shard", "status": "ok", "passages"} or {"shard", "status": "unavailable", "error"}."""
+
+        def one(part: SupportsRetrieve) -> int:
+            if hasattr(part, "health"):
+                return int(part.health()["passages"])
+            return int(getattr(part, "size"))
+
+        futures: list[Future] = [self._pool.submit(one, part) for part in self.parts]
+        out = []
+        for name, future in zip(self.names, futures):
+            try:
+                out.append({"shard": name, "status": "ok", "passages": future.result()})
+            except Exception as err:  # noqa: BLE001 - reported per shard
+                out.append({"shard": name, "status": "unavailable", "error": _shard_message(name, str(err) or type(err).__name__)})
+        return out
 
     def close(self) -> None:
         self._pool.shutdown(wait=False)
 
 
+def _merge(parts: list[tuple[int, list[Hit]]], k: int) -> list[Hit]:
+    """The top k of the parts' hit lists by score; ties go to the earlier part, then the
+    better rank, which is the order one index over the parts' passages in turn gives."""
+    ranked = ((-hit["score"], part, rank, hit) for part, hits in parts for rank, hit in enumerate(hits))
+    return [hit for *_, hit in heapq.nsmallest(k, ranked, key=lambda t: t[:3])]
+
+
 class RetrieverClient:
     """The HTTP service's client: same `retrieve` as `Retriever`, one kept-alive connection
-    per thread (http.client, so the inference engine needs no extra dependency)."""
+    per thread (http.client, so the inference engine needs no extra dependency). `timeout`
+    (seconds) bounds each connect and each read, so a shard that hangs fails its request
+    with `RetrievalError` instead of holding a fan-out forever."""
 
     def __init__(self, url: str, timeout: float = 60.0):
         parsed = urllib.parse.urlsplit(url if "://" in url else f"http://{url}")
@@ -145,7 +230,10 @@ class RetrieverClient:
     def retrieve(self, queries: Sequence[str], k: int = 5) -> list[list[Hit]]:
         if not queries:
             return []
-        return self._request("POST", "/retrieve", {"queries": list(queries), "k": int(k)})["results"]
+        results = self._request("POST", "/retrieve", {"queries": list(queries), "k": int(k)}).get("results")
+        if not isinstance(results, list):
+            raise RetrievalError(f"{self.url}/retrieve: the answer has no 'results' list")
+        return results
 
     def _connection(self) -> http.client.HTTPConnection:
         conn = getattr(self._local, "conn", None)

@@ -6,6 +6,11 @@ is encoded and searched in one call on a single worker thread, so the encoder ru
 batches instead of many single queries. Requests are checked before they are queued:
 a body over `max_body_bytes` gets 413, malformed JSON, wrong types, an empty or too long
 query list, an over-long query or k out of range get 400, all as `{"error": "..."}`.
+
+Over a `ShardedRetriever` of other services' clients (`serve-retrieval --shard URL ...`) the
+service is a fan-out: a shard that does not answer gets 503 naming it, or, when partial
+results are allowed, 200 with `"partial": true, "missing": [urls]` beside the results;
+`/health` lists each shard's state.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from aiohttp import web
 
 from selfrag_jax import http
 from selfrag_jax.http import BadRequest
-from selfrag_jax.retrieval.retriever import Hit, SupportsRetrieve
+from selfrag_jax.retrieval.retriever import ShardedResults, ShardedRetriever, ShardUnavailable, SupportsRetrieve
 
 
 @dataclass(frozen=True)
@@ -67,6 +72,11 @@ class QueryBatcher:
     def __init__(self, retriever: SupportsRetrieve, config: ServerConfig):
         self.retriever = retriever
         self.config = config
+        # A fan-out also says which shards were missing from a batch; other retrievers miss none.
+        if isinstance(retriever, ShardedRetriever):
+            self._search = retriever.retrieve_detailed
+        else:
+            self._search = lambda queries, k: ShardedResults(retriever.retrieve(queries, k), [])
         self._queue: asyncio.Queue[_Pending] | None = None
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="retrieve")
         self._task: asyncio.Task | None = None
@@ -82,7 +92,7 @@ class QueryBatcher:
             self._task.cancel()
         self._worker.shutdown(wait=False)
 
-    async def submit(self, queries: list[str], k: int) -> list[list[Hit]]:
+    async def submit(self, queries: list[str], k: int) -> ShardedResults:
         future = asyncio.get_running_loop().create_future()
         await self._queue.put(_Pending(queries, k, future))
         return await future
@@ -106,7 +116,7 @@ class QueryBatcher:
         queries = [q for item in batch for q in item.queries]
         k = max(item.k for item in batch)
         try:
-            results = await asyncio.get_running_loop().run_in_executor(self._worker, self.retriever.retrieve, queries, k)
+            out = await asyncio.get_running_loop().run_in_executor(self._worker, self._search, queries, k)
         except Exception as err:  # noqa: BLE001 - every waiting request must hear about it
             for item in batch:
                 if not item.future.done():
@@ -117,7 +127,8 @@ class QueryBatcher:
         start = 0
         for item in batch:
             if not item.future.done():
-                item.future.set_result([hits[: item.k] for hits in results[start : start + len(item.queries)]])
+                hits = [row[: item.k] for row in out.results[start : start + len(item.queries)]]
+                item.future.set_result(ShardedResults(hits, out.missing))
             start += len(item.queries)
 
 
@@ -127,9 +138,17 @@ BATCHER = web.AppKey("batcher", QueryBatcher)
 def make_app(retriever: SupportsRetrieve, config: ServerConfig = ServerConfig(), passages: int | None = None) -> web.Application:
     batcher = QueryBatcher(retriever, config)
     count = passages if passages is not None else int(getattr(retriever, "size", 0))
+    fan_out = isinstance(retriever, ShardedRetriever)
 
     async def health(request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok", "passages": count})
+        if not fan_out:
+            return web.json_response({"status": "ok", "passages": count})
+        shards = await asyncio.get_running_loop().run_in_executor(None, retriever.health)
+        down = sum(s["status"] != "ok" for s in shards)
+        serving = down == 0 or (retriever.allow_partial and down < len(shards))  # as /retrieve would answer
+        body = {"status": "ok" if down == 0 else "partial" if serving else "unavailable",
+                "passages": sum(s.get("passages", 0) for s in shards), "shards": shards}  # fmt: skip
+        return web.json_response(body, status=200 if serving else 503)
 
     async def retrieve(request: web.Request) -> web.Response:
         body = await http.read_body(request, config.max_body_bytes)
@@ -140,20 +159,27 @@ def make_app(retriever: SupportsRetrieve, config: ServerConfig = ServerConfig(),
         except BadRequest as err:
             return http.error(400, str(err))
         try:
-            results = await batcher.submit(queries, k)
+            out = await batcher.submit(queries, k)
+        except ShardUnavailable as err:
+            return http.error(503, str(err))
         except Exception as err:  # noqa: BLE001
             return http.error(500, f"retrieval failed: {type(err).__name__}: {err}")
-        return web.json_response({"results": results})
+        if not fan_out:
+            return web.json_response({"results": out.results})
+        return web.json_response({"results": out.results, "partial": out.partial, "missing": out.missing})
 
     app = http.application(config.max_body_bytes, [("GET", "/health", health), ("POST", "/retrieve", retrieve)], batcher)
     app[BATCHER] = batcher
     return app
 
 
-def serve(retriever: SupportsRetrieve, config: ServerConfig = ServerConfig(), log=print) -> None:
-    """Serves until SIGINT/SIGTERM (the CLI's `serve-retrieval`)."""
-    http.serve_until_signal(make_app(retriever, config), config.host, config.port, log=log, banner=lambda port: (
-        f"serving {getattr(retriever, 'size', '?')} passages on http://{config.host}:{port} (POST /retrieve, GET /health)"))
+def serve(retriever: SupportsRetrieve, config: ServerConfig = ServerConfig(), log=print, passages: int | None = None) -> None:
+    """Serves until SIGINT/SIGTERM (the CLI's `serve-retrieval`); `passages` is the banner's
+    count where the retriever has no `size` (a fan-out asks its shards)."""
+    count = passages if passages is not None else getattr(retriever, "size", "?")
+    source = f" from {len(retriever.parts)} shards" if isinstance(retriever, ShardedRetriever) else ""
+    http.serve_until_signal(make_app(retriever, config, passages), config.host, config.port, log=log, banner=lambda port: (
+        f"serving {count} passages{source} on http://{config.host}:{port} (POST /retrieve, GET /health)"))
 
 
 class BackgroundServer(http.BackgroundServer):
