@@ -16,7 +16,7 @@ import pytest
 
 from selfrag_jax.retrieval.build import BuildConfig, build_index_folder, partial_dir, read_manifest
 from selfrag_jax.retrieval.embed import EmbedConfig
-from selfrag_jax.retrieval.index import ExactIndex, ScannIndex, ScannParams, ShardedIndex, build_index
+from selfrag_jax.retrieval.index import ExactIndex, ScannIndex, ScannParams, ShardedIndex, build_index, calibrate
 from selfrag_jax.retrieval.passages import PassageStore, iter_passages, write_store
 from selfrag_jax.retrieval.synthetic import clustered_vectors, recall_at_k, split_queries
 from test_retrieval_support import make_tiny_bert, single_device_env, write_corpus
@@ -51,7 +51,9 @@ def test_auto_parameters_follow_corpus_size():
     mid = ScannParams.auto(50_000)
     assert (mid.brute_force, mid.num_leaves, mid.reorder) == (False, 0, 100)
     big = ScannParams.auto(1_000_000)
-    assert big.num_leaves == 1000 and 10 <= big.leaves_to_search <= 100 and big.reorder > 0
+    assert (big.num_leaves, big.training_sample_size, big.dims_per_block, big.soar_lambda) == (4000, 400_000, 4, 1.5)
+    assert 10 <= big.leaves_to_search <= 400 and big.reorder > 0 and big.reorder_dtype == "float32"
+    assert ScannParams.auto(21_000_000).reorder_dtype == "int8"
     assert ScannParams.auto(1_000_000, normalized=False, mean_sq_norm=4.0).anisotropic_threshold == pytest.approx(0.8)
     with pytest.raises(ValueError, match="unknown ScaNN parameter"):
         big.replace(leaves=3)
@@ -64,7 +66,7 @@ def test_scann_recall_and_moved_serialisation(tmp_path, capsys):
     db, queries = split_queries(vectors, 1000)
     _, truth = ExactIndex(db).search(queries, 10)
     t0 = time.perf_counter()
-    index = build_index(db, "scann", normalized=True)
+    index, calibration = build_index(db, "scann", normalized=True, target_recall=0.95)
     build_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     scores, rows = index.search(queries, 10)
@@ -72,8 +74,9 @@ def test_scann_recall_and_moved_serialisation(tmp_path, capsys):
     recall = recall_at_k(rows, truth)
     with capsys.disabled():
         print(f"\nScaNN auto {index.params}: recall@10 {recall:.4f} on 200k x 64, build {build_s:.1f}s, {len(queries) / search_s:.0f} QPS")
-    assert index.params.num_leaves == 447
-    assert recall >= 0.95
+    assert index.params.num_leaves == 1789 and calibration["reached"]
+    assert (index.params.leaves_to_search, index.params.reorder) == (calibration["leaves_to_search"], calibration["reorder"])
+    assert recall >= 0.95  # held-out queries, the calibrated settings as they are
 
     (tmp_path / "a").mkdir()
     params = index.save(tmp_path / "a")
@@ -82,6 +85,29 @@ def test_scann_recall_and_moved_serialisation(tmp_path, capsys):
     moved_scores, moved_rows = moved.search(queries, 10)
     np.testing.assert_array_equal(moved_rows, rows)
     np.testing.assert_array_equal(moved_scores, scores)
+
+
+def test_calibration_picks_the_fewest_leaves_that_reach_the_target():
+    pytest.importorskip("scann")
+    vectors = clustered_vectors(31_000, 32, clusters=300, seed=2)
+    db, queries = split_queries(vectors, 1000)
+    index, report = build_index(db, "scann", normalized=True, overrides={"num_leaves": 150}, target_recall=0.9)
+    assert report["reached"] and report["recall_lower_bound"] >= 0.9 and report["queries"] == 1000
+    chosen = (index.params.leaves_to_search, index.params.reorder)
+    assert chosen == (report["leaves_to_search"], report["reorder"])
+    for depth in {p["reorder"] for p in report["sweep"]}:  # per depth: the widest, then leaves upwards to the first hit
+        widest, *points = [p for p in report["sweep"] if p["reorder"] == depth]
+        assert widest["leaves_to_search"] == 75  # half the leaves
+        assert all(p["recall_lower_bound"] < 0.9 for p in points[:-1])
+        assert [p["leaves_to_search"] for p in points] == sorted(p["leaves_to_search"] for p in points)
+        assert not points or ("qps" in points[-1]) == (points[-1]["recall_lower_bound"] >= 0.9)
+    _, truth = ExactIndex(db).search(queries, 10)
+    assert recall_at_k(index.search(queries, 10)[1], truth) >= 0.88  # held-out points, settings as calibrated
+
+    fixed, fixed_report = calibrate(index, db, 0.9, fixed=["reorder"])  # a knob the user gave is kept
+    assert fixed.params.reorder == index.params.reorder and {p["reorder"] for p in fixed_report["sweep"]} == {index.params.reorder}
+    exact, note = build_index(db[:5000], "scann", normalized=True, target_recall=0.9)
+    assert exact.params.brute_force and note["reached"]
 
 
 def test_sharded_index_equals_one_index():
@@ -123,6 +149,10 @@ def test_build_folder_exact_and_scann_agree_and_reload(tmp_path):
     manifest = read_manifest(scann_dir)
     assert (manifest["count"], manifest["dimension"], manifest["pooling"], manifest["normalize"]) == (300, 32, "mean", False)
     assert manifest["params"]["brute_force"] is True
+    size = manifest["bytes"]
+    assert size["passages"] == (scann_dir / "passages.jsonl").stat().st_size and size["offsets"] == 8 * 301 + 128  # .npy header
+    assert size["index"] == sum(size["index_files"].values()) > 300 * 32  # ScaNN keeps the float32 vectors
+    assert size["per_passage"]["total"] == pytest.approx(size["total"] / 300)
     assert not partial_dir(scann_dir).exists() and not (scann_dir / "embeddings").exists()
     queries = ["astronomy facts", "cooking notes", "history of painting"]
     a = Retriever.from_dir(exact_dir).retrieve(queries, 5)

@@ -43,6 +43,7 @@ class BuildConfig:
     normalize: bool | None = None
     max_length: int | None = None
     scann: dict[str, Any] = field(default_factory=dict)  # overrides of ScannParams.auto
+    target_recall: float | None = 0.95  # recall@10 the search knobs are calibrated to (None: off)
     embed: EmbedConfig = EmbedConfig()
     encoder_run: EncoderConfig = EncoderConfig()
     overwrite: bool = False
@@ -100,11 +101,18 @@ def build_index_folder(config: BuildConfig, encoder: TextEncoder | None = None, 
         wait_for_shards(shards, len(store), config.embed.shard_size, dim, config.wait_timeout_s)
         vectors = load_embeddings(shards, len(store), config.embed.shard_size, dim)
         t0 = time.perf_counter()
-        index = build_index(vectors, config.backend, spec.normalize, config.scann)
+        index, calibration = build_index(vectors, config.backend, spec.normalize, config.scann, config.target_recall)
         for stale in ("scann", "embeddings.npy"):
             _remove(work / stale)
         params = index.save(work)
         log(f"index: {config.backend} over {len(vectors)} x {dim} built in {time.perf_counter() - t0:.1f}s")
+        if calibration and "recall" in calibration:
+            met = "" if calibration["reached"] else f", below the target {calibration['target_recall']}"
+            log(f"search settings: {calibration['leaves_to_search']} leaves, re-scoring {calibration['reorder']}: "
+                f"recall@{calibration['k']} {calibration['recall']:.3f} on {calibration['queries']} corpus queries{met}")  # fmt: skip
+        size = index_bytes(work, len(store))
+        log(f"size: {size['total'] / 1e6:,.1f} MB, {size['per_passage']['total']:.0f} bytes per passage "
+            f"({', '.join(f'{k} {v:.0f}' for k, v in size['per_passage'].items() if k != 'total')})")  # fmt: skip
         manifest = {
             "format": FORMAT,
             "version": VERSION,
@@ -115,6 +123,8 @@ def build_index_folder(config: BuildConfig, encoder: TextEncoder | None = None, 
             "count": len(store),
             "backend": config.backend,
             "params": params,
+            "calibration": calibration,
+            "bytes": size,
             "passages": PASSAGES_FILE,
             "source": str(Path(config.passages).resolve()),
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -126,6 +136,25 @@ def build_index_folder(config: BuildConfig, encoder: TextEncoder | None = None, 
     _remove(work / "build.json")
     _swap_into_place(work, out)
     return out
+
+
+def index_bytes(folder: Path, count: int) -> dict[str, Any]:
+    """Bytes on disk by part and per passage: the index (held in RAM to serve), the passage
+    text (read from disk per hit) and its offsets (memory-mapped)."""
+    parts = {
+        "index": sum(f.stat().st_size for name in ("scann", "embeddings.npy") for f in _files(folder / name)),
+        "passages": (folder / PASSAGES_FILE).stat().st_size,
+        "offsets": (folder / OFFSETS_FILE).stat().st_size,
+    }
+    files = {str(f.relative_to(folder)): f.stat().st_size for f in _files(folder / "scann")}
+    per = {name: size / max(count, 1) for name, size in parts.items()}
+    return {**parts, "total": sum(parts.values()), "per_passage": {**per, "total": sum(per.values())}, "index_files": files}
+
+
+def _files(path: Path) -> list[Path]:
+    if path.is_dir():
+        return sorted(f for f in path.rglob("*") if f.is_file())
+    return [path] if path.is_file() else []
 
 
 def _check_resume(work: Path, spec: EncoderSpec, config: BuildConfig) -> None:

@@ -63,6 +63,8 @@ def _build_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overwrite", action="store_true", help="replace an existing index at --out")
     parser.add_argument("--keep-embeddings", action="store_true", help="keep the embedding shards in the index folder")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--target-recall", type=float, default=0.95,
+                        help="recall@10 the ScaNN search settings are calibrated to at build time (default 0.95; 0: no calibration)")  # fmt: skip
     add_scann_arguments(parser)
 
 SCANN_KEYS = ("brute_force", "num_leaves", "leaves_to_search", "training_sample_size", "dims_per_block",
@@ -105,6 +107,8 @@ def _run_build(args: argparse.Namespace) -> int:
     for flag in ("batch_size", "shard_size"):
         if getattr(args, flag) < 1:
             raise CLIError(f"--{flag.replace('_', '-')} must be at least 1")
+    if not 0 <= args.target_recall < 1:
+        raise CLIError(f"--target-recall {args.target_recall}: must be in [0, 1)")
     config = BuildConfig(
         passages=args.passages,
         out=args.out,
@@ -114,6 +118,7 @@ def _run_build(args: argparse.Namespace) -> int:
         normalize=args.normalize,
         max_length=args.max_length,
         scann=scann_overrides(args),
+        target_recall=args.target_recall or None,
         embed=EmbedConfig(
             shard_size=args.shard_size,
             batch_size=args.batch_size,

@@ -10,6 +10,7 @@ loads it (nor TensorFlow, which ScaNN loads when present).
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Protocol, Sequence
@@ -42,16 +43,18 @@ class ExactIndex:
 
     Blocks keep the score matrix small (queries x block) however large the database is;
     XLA's top-k is several times faster than numpy's argpartition over the same scores.
-    The blocks are moved to the device once, on the first search.
+    The blocks are moved to the device once, on the first search (`keep_on_device=False`:
+    per search, for a one-off pass over a corpus too large to hold twice).
     """
 
     backend = "exact"
     FILE = "embeddings.npy"
     QUERY_CHUNK = 256
 
-    def __init__(self, vectors: np.ndarray, block_rows: int = 65_536):
+    def __init__(self, vectors: np.ndarray, block_rows: int = 65_536, keep_on_device: bool = True):
         self.vectors = vectors
         self.block_rows = block_rows
+        self.keep_on_device = keep_on_device  # False: convert each block per search (no second copy)
         self._blocks: list[Any] | None = None
 
     @property
@@ -63,15 +66,15 @@ class ExactIndex:
 
         queries = np.ascontiguousarray(queries, np.float32)
         k = min(k, self.size)
-        if self._blocks is None:
-            self._blocks = [jnp.asarray(self.vectors[s : s + self.block_rows], jnp.float32) for s in range(0, self.size, self.block_rows)]
+        if self._blocks is None and self.keep_on_device:
+            self._blocks = [jnp.asarray(block, jnp.float32) for block in self._host_blocks()]
         out_scores, out_rows = [], []
         for qs in range(0, len(queries), self.QUERY_CHUNK):
             chunk = queries[qs : qs + self.QUERY_CHUNK]
             padded = np.zeros((_pow2(len(chunk)), chunk.shape[1]), np.float32)
             padded[: len(chunk)] = chunk
             scores, rows = [], []
-            for b, block in enumerate(self._blocks):
+            for b, block in enumerate(self._blocks if self._blocks is not None else self._host_blocks()):
                 s, r = _block_topk(padded, block, min(k, block.shape[0]))
                 scores.append(np.asarray(s)[: len(chunk)])
                 rows.append(np.asarray(r, np.int64)[: len(chunk)] + b * self.block_rows)
@@ -79,6 +82,9 @@ class ExactIndex:
             out_scores.append(s)
             out_rows.append(r)
         return np.concatenate(out_scores), np.concatenate(out_rows)
+
+    def _host_blocks(self):
+        return (np.asarray(self.vectors[s : s + self.block_rows], np.float32) for s in range(0, self.size, self.block_rows))
 
     def save(self, folder: Path) -> dict[str, Any]:
         np.save(folder / self.FILE, np.asarray(self.vectors, np.float32))
@@ -124,24 +130,33 @@ class ScannParams:
 
     @classmethod
     def auto(cls, n: int, normalized: bool = True, mean_sq_norm: float = 1.0) -> "ScannParams":
-        """Brute force under 20k; AH + reorder under 100k; a tree of ~sqrt(n) leaves above.
+        """Brute force under 20k; AH + re-scoring under 100k; a tree with SOAR above.
 
-        The anisotropic threshold 0.2 is meant for unit vectors; for unnormalised ones
-        (Contriever) it is scaled by the mean squared norm, the scale of their inner products.
+        Above 100k: 4 sqrt(n) leaves trained on 100 points per leaf, each point spilled to a
+        second leaf (SOAR, lambda 1.5) and coded 4 dimensions per block. On 1M x 384 the ScaNN
+        docs' sqrt(n) leaves and 2 dimensions per block reached half FAISS HNSW's QPS at
+        recall 0.95, these twice it (bench/README.md): smaller leaves mean fewer points scored
+        per query, spilling keeps the neighbours near leaf borders, and 4-dimension codes
+        halve the scan while the exact re-scoring restores the order. The search-time knobs
+        (leaves searched, re-scoring depth) here are starting points; `calibrate` sets them
+        for a target recall. The anisotropic threshold 0.2 is meant for unit vectors; for
+        unnormalised ones (Contriever) it is scaled by the mean squared norm.
         """
         threshold = 0.2 if normalized else round(0.2 * mean_sq_norm, 4)
         if n < 20_000:
             return cls(brute_force=True)
         if n < 100_000:
             return cls(anisotropic_threshold=threshold, reorder=100)
-        leaves = int(round(math.sqrt(n)))
+        leaves = int(round(4 * math.sqrt(n)))
         return cls(
             num_leaves=leaves,
-            leaves_to_search=max(10, int(round(leaves * 0.06))),
-            training_sample_size=min(n, max(100_000, 50 * leaves)),
+            leaves_to_search=max(10, int(round(leaves * 0.025))),
+            training_sample_size=min(n, max(100_000, 100 * leaves)),
+            dims_per_block=4,
             anisotropic_threshold=threshold,
-            reorder=200 if n < 5_000_000 else 500,
+            reorder=100,
             reorder_dtype="float32" if n < 5_000_000 else "int8",
+            soar_lambda=1.5,
         )
 
     def replace(self, **overrides: Any) -> "ScannParams":
@@ -229,6 +244,87 @@ class ScannIndex:
         return cls(searcher, ScannParams(**params), size)
 
 
+# --------------------------------------------------------------------------- calibration
+
+SEARCH_KNOBS = ("leaves_to_search", "reorder")
+_LEAF_FRACTIONS = (0.005, 0.0075, 0.01, 0.0125, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.06, 0.08, 0.1, 0.12, 0.16, 0.2, 0.25, 0.3, 0.4, 0.5)
+_REORDER_DEPTHS = (50, 100, 200, 400, 800)
+
+
+def calibrate(
+    index: ScannIndex, vectors: np.ndarray, target_recall: float, k: int = 10, n_queries: int = 1000,
+    fixed: Sequence[str] = (), seed: int = 0, repeats: int = 3,
+) -> tuple[ScannIndex, dict[str, Any]]:  # fmt: skip
+    """The fastest search knobs (leaves searched, re-scoring depth) whose recall@k reaches
+    `target_recall` on queries drawn from the corpus; (index with them, report).
+
+    Each query is a corpus row, its own hit excluded from both lists (a held-out point of
+    the corpus's distribution). Recall counts a found row whose exact score ties the k-th
+    true score, so duplicate passages do not read as misses, and must reach the target at
+    its one-sided 95% lower bound over queries: a fresh query set of the same kind meets
+    it. Per re-scoring depth the widest search is tried first (a depth that misses there is
+    skipped), then leaves upwards; the reaching points are timed and the fastest kept.
+    Knobs named in `fixed` (given by the user) are kept. Unreached, the most accurate point
+    is kept and the report says so.
+    """
+    params = index.params
+    rng = np.random.default_rng(seed)
+    rows = np.sort(rng.choice(len(vectors), min(n_queries, len(vectors)), replace=False))
+    queries = np.asarray(vectors[rows], np.float32)
+    truth_scores, _ = ExactIndex(vectors, keep_on_device=False).search(queries, k + 1)
+    kth = truth_scores[:, k]  # the (k+1)-th with self included = the k-th without it
+    tolerance = 1e-5 * np.maximum(1.0, np.abs(kth))
+
+    def measure(leaves: int | None, reorder: int | None) -> dict[str, Any]:
+        _, found = index.search(queries, k + 1, leaves_to_search=leaves, reorder=reorder)
+        per_query = np.empty(len(rows))
+        for i, (row, hits) in enumerate(zip(rows, found)):
+            hits = [h for h in hits.tolist() if h != row and h >= 0][:k]
+            exact = np.asarray(vectors[np.sort(hits)], np.float32) @ queries[i] if hits else np.zeros(0)
+            per_query[i] = min(k, int(np.sum(exact >= kth[i] - tolerance[i]))) / k
+        recall = float(per_query.mean())
+        bound = recall - 1.645 * float(per_query.std(ddof=1)) / math.sqrt(len(rows))
+        return {"leaves_to_search": leaves, "reorder": reorder, "recall": recall, "recall_lower_bound": bound}
+
+    leaf_options: list[int | None] = [params.leaves_to_search or None]
+    if params.num_leaves and "leaves_to_search" not in fixed:
+        leaf_options = sorted({max(1, round(params.num_leaves * f)) for f in _LEAF_FRACTIONS})
+    reorder_options: list[int | None] = [params.reorder or None]
+    if params.reorder and "reorder" not in fixed:
+        reorder_options = sorted({d for d in _REORDER_DEPTHS if d > k})
+    sweep: list[dict[str, Any]] = []
+    reached: list[dict[str, Any]] = []
+    for reorder in reorder_options if not params.brute_force else []:
+        widest = measure(leaf_options[-1], reorder)
+        sweep.append(widest)
+        if widest["recall_lower_bound"] < target_recall:
+            continue  # this depth misses at the widest search: no need to walk its leaves
+        for leaves in leaf_options[:-1]:  # the fewest leaves reaching the target, per depth
+            point = measure(leaves, reorder)
+            sweep.append(point)
+            if point["recall_lower_bound"] >= target_recall:
+                break
+        else:
+            point = widest
+        search = lambda: index.search(queries, k, leaves_to_search=point["leaves_to_search"], reorder=reorder)  # noqa: E731
+        point["qps"] = len(rows) / float(np.median([_timed(search) for _ in range(repeats)]))
+        reached.append(point)
+    best = max(reached, key=lambda p: p["qps"]) if reached else max(sweep, key=lambda p: p["recall"], default=None)
+    report: dict[str, Any] = {"target_recall": target_recall, "k": k, "queries": len(rows), "reached": bool(reached) or params.brute_force}
+    if best is None:  # brute force: exact scores, nothing to choose
+        return index, {**report, "note": "brute force: exact scoring"}
+    chosen = params.replace(**{knob: best[knob] for knob in SEARCH_KNOBS if best[knob] is not None})
+    report.update({key: best.get(key) for key in ("leaves_to_search", "reorder", "recall", "recall_lower_bound", "qps")})
+    report["sweep"] = sweep
+    return ScannIndex(index.searcher, chosen, index.size), report
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
 # --------------------------------------------------------------------------- sharded
 
 
@@ -260,16 +356,26 @@ def merge_topk(scores: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.ndarray
     return np.take_along_axis(scores, order, 1), np.take_along_axis(rows, order, 1)
 
 
-def build_index(vectors: np.ndarray, backend: str, normalized: bool, overrides: dict[str, Any] | None = None) -> VectorIndex:
-    """The index for these vectors; ScaNN parameters from the corpus size unless overridden."""
+def build_index(
+    vectors: np.ndarray, backend: str, normalized: bool, overrides: dict[str, Any] | None = None, target_recall: float | None = None,
+) -> tuple[VectorIndex, dict[str, Any] | None]:  # fmt: skip
+    """The index for these vectors and its calibration report (None: exact, or no target).
+
+    ScaNN parameters come from the corpus size unless overridden; with a target recall,
+    the search-time knobs the user did not give are calibrated (`calibrate`).
+    """
     if backend == "exact":
-        return ExactIndex(vectors)
+        return ExactIndex(vectors), None
     if backend != "scann":
         raise ValueError(f"backend {backend!r}: must be one of {BACKENDS}")
+    overrides = overrides or {}
     sample = vectors[:: max(1, len(vectors) // 10_000)]
     mean_sq_norm = float(np.mean(np.sum(np.square(sample, dtype=np.float64), axis=1)))
     params = ScannParams.auto(len(vectors), normalized=normalized, mean_sq_norm=mean_sq_norm)
-    return ScannIndex.build(vectors, params.replace(**(overrides or {})))
+    index = ScannIndex.build(vectors, params.replace(**overrides))
+    if not target_recall:
+        return index, None
+    return calibrate(index, vectors, target_recall, fixed=[knob for knob in SEARCH_KNOBS if knob in overrides])
 
 
 def load_vector_index(folder: Path, backend: str, params: dict[str, Any], size: int) -> VectorIndex:
