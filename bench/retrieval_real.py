@@ -1,7 +1,7 @@
 """Recall of `index build`'s default search settings on real embeddings, against exact search.
 
-    python -m bench.bench_retrieval_real --corpus docstrings   # ~100k passages: embeds for minutes
-    python -m bench.bench_retrieval_real --corpus world --world runs/default/world
+    python -m bench.retrieval_real --corpus docstrings   # 100k passages: ~30 min of embedding on 2 cores
+    python -m bench.retrieval_real --corpus world --world runs/default/world
 
 Corpora, embedded by the bundled MiniLM (384 dimensions, unit vectors):
 - docstrings: the docstrings of the Python packages installed beside this one (numpy, jax,
@@ -14,8 +14,8 @@ Corpora, embedded by the bundled MiniLM (384 dimensions, unit vectors):
 Each corpus is indexed by `build_index_folder` with no tuning flags (automatic parameters,
 search settings calibrated for --target-recall; the embeddings kept), then searched with the
 manifest's settings as they are; recall@10 against `ExactIndex` over the same embeddings.
-The work folder keeps the passages and the index, so a rerun reuses the embedding.
-Writes bench/results/retrieval_real_<corpus>.json.
+The work folder keeps the passages and the index, so a rerun reuses the embedding. `run_all`
+does not run it (the embedding is its cost). Writes bench/results/retrieval_real_<corpus>.json.
 """
 
 from __future__ import annotations
