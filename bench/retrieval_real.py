@@ -100,7 +100,7 @@ def main() -> None:
     result["summary"] = [{
         "what": f"retrieval_real: recall@{args.k} at the default search settings, {args.corpus} {name} ({manifest['count']:,} x {manifest['dimension']}, {manifest['backend']}{' brute force' if manifest['params'].get('brute_force') else ''})",
         "ours": f"{q['recall']:.3f} ({q['qps']:,.0f} QPS)", "peer": f"exact search ({q['exact_qps']:,.0f} QPS)",
-        "ratio": q["recall"], "goal": f"recall >= {args.target_recall}", "met": q["recall"] >= args.target_recall,
+        "ratio": None, "goal": f"recall >= {args.target_recall}", "met": q["recall"] >= args.target_recall,
     } for name, q in result["queries"].items()]  # fmt: skip
     path = write_result(f"retrieval_real_{args.corpus}", result)
     print(f"-> {path}")

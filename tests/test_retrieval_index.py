@@ -106,6 +106,11 @@ def test_calibration_picks_the_fewest_leaves_that_reach_the_target():
 
     fixed, fixed_report = calibrate(index, db, 0.9, fixed=["reorder"])  # a knob the user gave is kept
     assert fixed.params.reorder == index.params.reorder and {p["reorder"] for p in fixed_report["sweep"]} == {index.params.reorder}
+    noisy = lambda rows: db[rows] + 0.05 * np.random.default_rng(0).standard_normal((len(rows), 32), np.float32)  # noqa: E731
+    wide, shifted = calibrate(index, db, 0.9, query_maker=noisy)  # queries off the corpus: a wider search
+    assert shifted["reached"] and shifted["leaves_to_search"] * shifted["reorder"] >= report["leaves_to_search"] * report["reorder"]
+    fresh = queries + 0.05 * np.random.default_rng(1).standard_normal(queries.shape, np.float32)  # held out, same shift
+    assert recall_at_k(wide.search(fresh, 10)[1], ExactIndex(db).search(fresh, 10)[1]) >= 0.88
     exact, note = build_index(db[:5000], "scann", normalized=True, target_recall=0.9)
     assert exact.params.brute_force and note["reached"]
 
@@ -154,6 +159,12 @@ def test_build_folder_exact_and_scann_agree_and_reload(tmp_path):
     assert size["index"] == sum(size["index_files"].values()) > 300 * 32  # ScaNN keeps the float32 vectors
     assert size["per_passage"]["total"] == pytest.approx(size["total"] / 300)
     assert not partial_dir(scann_dir).exists() and not (scann_dir / "embeddings").exists()
+    tree_dir = build_index_folder(BuildConfig(out=str(tmp_path / "tree"), backend="scann", **common, target_recall=0.9,
+                                              scann={"brute_force": False, "num_leaves": 12, "reorder": 50}), log=lambda _: None)  # fmt: skip
+    calibration = read_manifest(tree_dir)["calibration"]  # a tree on a small corpus: the build path calibrates
+    assert calibration["queries"] == 300 and calibration["queries_from"] == "passage texts without their titles"
+    tree_params = read_manifest(tree_dir)["params"]
+    assert (tree_params["leaves_to_search"], tree_params["num_leaves"]) == (calibration["leaves_to_search"], 12)
     queries = ["astronomy facts", "cooking notes", "history of painting"]
     a = Retriever.from_dir(exact_dir).retrieve(queries, 5)
     b = Retriever.from_dir(scann_dir).retrieve(queries, 5)

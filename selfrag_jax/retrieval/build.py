@@ -101,7 +101,11 @@ def build_index_folder(config: BuildConfig, encoder: TextEncoder | None = None, 
         wait_for_shards(shards, len(store), config.embed.shard_size, dim, config.wait_timeout_s)
         vectors = load_embeddings(shards, len(store), config.embed.shard_size, dim)
         t0 = time.perf_counter()
-        index, calibration = build_index(vectors, config.backend, spec.normalize, config.scann, config.target_recall)
+        # Calibration queries: passages' texts without their titles, embedded as questions are.
+        query_maker = lambda rows: encoder.encode([store.get(int(r)).text for r in rows])  # noqa: E731
+        index, calibration = build_index(vectors, config.backend, spec.normalize, config.scann, config.target_recall, query_maker)
+        if calibration and "queries" in calibration:
+            calibration["queries_from"] = "passage texts without their titles"
         for stale in ("scann", "embeddings.npy"):
             _remove(work / stale)
         params = index.save(work)
@@ -109,7 +113,7 @@ def build_index_folder(config: BuildConfig, encoder: TextEncoder | None = None, 
         if calibration and "recall" in calibration:
             met = "" if calibration["reached"] else f", below the target {calibration['target_recall']}"
             log(f"search settings: {calibration['leaves_to_search']} leaves, re-scoring {calibration['reorder']}: "
-                f"recall@{calibration['k']} {calibration['recall']:.3f} on {calibration['queries']} corpus queries{met}")  # fmt: skip
+                f"recall@{calibration['k']} {calibration['recall']:.3f} on {calibration['queries']} passages as queries{met}")  # fmt: skip
         size = index_bytes(work, len(store))
         log(f"size: {size['total'] / 1e6:,.1f} MB, {size['per_passage']['total']:.0f} bytes per passage "
             f"({', '.join(f'{k} {v:.0f}' for k, v in size['per_passage'].items() if k != 'total')})")  # fmt: skip

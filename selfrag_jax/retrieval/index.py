@@ -13,7 +13,7 @@ import math
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -251,28 +251,38 @@ _LEAF_FRACTIONS = (0.005, 0.0075, 0.01, 0.0125, 0.015, 0.02, 0.025, 0.03, 0.04, 
 _REORDER_DEPTHS = (50, 100, 200, 400, 800)
 
 
+def calibration_rows(n: int, n_queries: int = 1000, seed: int = 0) -> np.ndarray:
+    """The corpus rows calibration draws its queries from (sorted, seeded)."""
+    return np.sort(np.random.default_rng(seed).choice(n, min(n_queries, n), replace=False))
+
+
 def calibrate(
-    index: ScannIndex, vectors: np.ndarray, target_recall: float, k: int = 10, n_queries: int = 1000,
-    fixed: Sequence[str] = (), seed: int = 0, repeats: int = 3,
+    index: ScannIndex, vectors: np.ndarray, target_recall: float, k: int = 10,
+    query_maker: Callable[[np.ndarray], np.ndarray] | None = None, fixed: Sequence[str] = (), repeats: int = 3,
 ) -> tuple[ScannIndex, dict[str, Any]]:  # fmt: skip
     """The fastest search knobs (leaves searched, re-scoring depth) whose recall@k reaches
     `target_recall` on queries drawn from the corpus; (index with them, report).
 
-    Each query is a corpus row, its own hit excluded from both lists (a held-out point of
-    the corpus's distribution). Recall counts a found row whose exact score ties the k-th
-    true score, so duplicate passages do not read as misses, and must reach the target at
-    its one-sided 95% lower bound over queries: a fresh query set of the same kind meets
-    it. Per re-scoring depth the widest search is tried first (a depth that misses there is
+    Queries are made from 1,000 corpus rows: `query_maker(rows)` gives their vectors (`index
+    build` embeds each passage's text without its title, as a question arrives without one);
+    by default the rows' own vectors. Each row's own hit is excluded from both lists, so a
+    query is a held-out point. Recall counts a found row whose exact score ties the k-th true score, so
+    duplicate passages do not read as misses, and must reach the target at its one-sided
+    95% lower bound over queries: a fresh query set of the same kind meets it. Per
+    re-scoring depth the widest search is tried first (a depth that misses there is
     skipped), then leaves upwards; the reaching points are timed and the fastest kept.
     Knobs named in `fixed` (given by the user) are kept. Unreached, the most accurate point
     is kept and the report says so.
     """
     params = index.params
-    rng = np.random.default_rng(seed)
-    rows = np.sort(rng.choice(len(vectors), min(n_queries, len(vectors)), replace=False))
-    queries = np.asarray(vectors[rows], np.float32)
-    truth_scores, _ = ExactIndex(vectors, keep_on_device=False).search(queries, k + 1)
-    kth = truth_scores[:, k]  # the (k+1)-th with self included = the k-th without it
+    report: dict[str, Any] = {"target_recall": target_recall, "k": k}
+    if params.brute_force:
+        return index, {**report, "reached": True, "note": "brute force: exact scoring"}
+    rows = calibration_rows(len(vectors))
+    queries = np.ascontiguousarray(query_maker(rows) if query_maker else vectors[rows], np.float32)
+    truth_scores, truth_rows = ExactIndex(vectors, keep_on_device=False).search(queries, k + 1)
+    # The k-th best score of other rows: the query's own row dropped, or else the (k+1)-th.
+    kth = np.array([s[r != row][k - 1] for s, r, row in zip(truth_scores, truth_rows, rows)])
     tolerance = 1e-5 * np.maximum(1.0, np.abs(kth))
 
     def measure(leaves: int | None, reorder: int | None) -> dict[str, Any]:
@@ -294,7 +304,7 @@ def calibrate(
         reorder_options = sorted({d for d in _REORDER_DEPTHS if d > k})
     sweep: list[dict[str, Any]] = []
     reached: list[dict[str, Any]] = []
-    for reorder in reorder_options if not params.brute_force else []:
+    for reorder in reorder_options:
         widest = measure(leaf_options[-1], reorder)
         sweep.append(widest)
         if widest["recall_lower_bound"] < target_recall:
@@ -309,10 +319,8 @@ def calibrate(
         search = lambda: index.search(queries, k, leaves_to_search=point["leaves_to_search"], reorder=reorder)  # noqa: E731
         point["qps"] = len(rows) / float(np.median([_timed(search) for _ in range(repeats)]))
         reached.append(point)
-    best = max(reached, key=lambda p: p["qps"]) if reached else max(sweep, key=lambda p: p["recall"], default=None)
-    report: dict[str, Any] = {"target_recall": target_recall, "k": k, "queries": len(rows), "reached": bool(reached) or params.brute_force}
-    if best is None:  # brute force: exact scores, nothing to choose
-        return index, {**report, "note": "brute force: exact scoring"}
+    best = max(reached, key=lambda p: p["qps"]) if reached else max(sweep, key=lambda p: p["recall"])
+    report.update(queries=len(rows), reached=bool(reached))
     chosen = params.replace(**{knob: best[knob] for knob in SEARCH_KNOBS if best[knob] is not None})
     report.update({key: best.get(key) for key in ("leaves_to_search", "reorder", "recall", "recall_lower_bound", "qps")})
     report["sweep"] = sweep
@@ -357,12 +365,14 @@ def merge_topk(scores: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.ndarray
 
 
 def build_index(
-    vectors: np.ndarray, backend: str, normalized: bool, overrides: dict[str, Any] | None = None, target_recall: float | None = None,
+    vectors: np.ndarray, backend: str, normalized: bool, overrides: dict[str, Any] | None = None,
+    target_recall: float | None = None, query_maker: Callable[[np.ndarray], np.ndarray] | None = None,
 ) -> tuple[VectorIndex, dict[str, Any] | None]:  # fmt: skip
     """The index for these vectors and its calibration report (None: exact, or no target).
 
     ScaNN parameters come from the corpus size unless overridden; with a target recall,
-    the search-time knobs the user did not give are calibrated (`calibrate`).
+    the search-time knobs the user did not give are calibrated (`calibrate`; `query_maker`
+    turns corpus rows into query vectors).
     """
     if backend == "exact":
         return ExactIndex(vectors), None
@@ -375,7 +385,8 @@ def build_index(
     index = ScannIndex.build(vectors, params.replace(**overrides))
     if not target_recall:
         return index, None
-    return calibrate(index, vectors, target_recall, fixed=[knob for knob in SEARCH_KNOBS if knob in overrides])
+    fixed = [knob for knob in SEARCH_KNOBS if knob in overrides]
+    return calibrate(index, vectors, target_recall, query_maker=query_maker, fixed=fixed)
 
 
 def load_vector_index(folder: Path, backend: str, params: dict[str, Any], size: int) -> VectorIndex:
