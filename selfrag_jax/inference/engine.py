@@ -463,17 +463,19 @@ class Engine:
         ids, n_new = self.ids, self.max_new_tokens
         model = self._model()
         b = logits.shape[0]
-        group = lambda probs, g: probs[:, jnp.array(g)]  # noqa: E731
         boundary, issup, isuse = jnp.array(ids.boundary), jnp.array(ids.issup), jnp.array(ids.isuse)
-        rel = group(jax.nn.softmax(logits, axis=-1), ids.isrel)
+        rel = jax.nn.softmax(logits, axis=-1)[:, jnp.array(ids.isrel)]
 
         def cond(s):
             return (s["step"] < n_new) & ~jnp.all(s["done"])
 
         def body(s):
-            logp = jax.nn.log_softmax(s["logits"], axis=-1)
-            probs = jnp.exp(logp)
-            token = jnp.argmax(logp, axis=-1).astype(jnp.int32)
+            # Only the argmax, its log-probability and a few group probabilities are needed:
+            # one logsumexp over the vocabulary instead of materialising its softmax.
+            logits = s["logits"]
+            lse = jax.nn.logsumexp(logits, axis=-1, keepdims=True)
+            group_probs = lambda g: jnp.exp(logits[:, jnp.array(g)] - lse)  # noqa: E731
+            token = jnp.argmax(logits, axis=-1).astype(jnp.int32)
             live = ~s["done"]
             first_sup = live & ~s["sup_found"] & jnp.isin(token, issup)
             first_use = live & ~s["use_found"] & jnp.isin(token, isuse)
@@ -482,10 +484,10 @@ class Engine:
                 "step": s["step"] + 1,
                 "tokens": s["tokens"].at[:, s["step"]].set(jnp.where(live, token, ids.pad)),
                 "count": count,
-                "lp_sum": s["lp_sum"] + jnp.where(live, jnp.take_along_axis(logp, token[:, None], 1)[:, 0], 0.0),
-                "sup": jnp.where(first_sup[:, None], group(probs, ids.issup), s["sup"]),
+                "lp_sum": s["lp_sum"] + jnp.where(live, (jnp.take_along_axis(logits, token[:, None], 1) - lse)[:, 0], 0.0),
+                "sup": jnp.where(first_sup[:, None], group_probs(ids.issup), s["sup"]),
                 "sup_found": s["sup_found"] | first_sup,
-                "use": jnp.where(first_use[:, None], group(probs, ids.isuse), s["use"]),
+                "use": jnp.where(first_use[:, None], group_probs(ids.isuse), s["use"]),
                 "use_found": s["use_found"] | first_use,
                 "done": s["done"] | (live & (jnp.isin(token, boundary) | (count >= limit))),
             }

@@ -134,7 +134,7 @@ class Attention(nn.Module):
     config: LlamaConfig
 
     @nn.compact
-    def __call__(self, x, cos, sin, mask, layer_cache, cache_end):
+    def __call__(self, x, cos, sin, mask, layer_cache):
         cfg = self.config
         dt = _dtype(cfg.dtype)
         e, h, kv, d = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -150,25 +150,39 @@ class Attention(nn.Module):
         k = apply_rope(k, cos, sin)
         k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [batch, kv_heads, length, head_dim]
 
-        new_cache = None
-        if layer_cache is not None:
-            # Write the new keys/values at each row's own end, then attend over the whole cache.
-            def write(c, u, i):
-                return jax.lax.dynamic_update_slice(c, u.astype(c.dtype), (0, i, 0))
-
-            ck = jax.vmap(write)(layer_cache[0], k, cache_end)
-            cv = jax.vmap(write)(layer_cache[1], v, cache_end)
-            new_cache = (ck, cv)
-            k, v = ck.astype(dt), cv.astype(dt)
-
         b, s = x.shape[:2]
         qg = q.reshape(b, s, kv, h // kv, d)
         scores = jnp.einsum("bskgd,bktd->bkgst", qg, k).astype(jnp.float32) / math.sqrt(d)
-        scores = jnp.where(mask[:, None, None, :, :], scores, NEG_INF)
-        probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-        out = jnp.einsum("bkgst,bktd->bskgd", probs, v).reshape(b, s, h, d)
+        if layer_cache is None:
+            scores = jnp.where(mask[:, None, None, :, :], scores, NEG_INF)
+            probs = jax.nn.softmax(scores, axis=-1).astype(dt)
+            out = jnp.einsum("bkgst,bktd->bskgd", probs, v).reshape(b, s, h, d)
+            return checkpoint_name(dense(out, wo.astype(dt), 2), "out_proj"), None
+        # Decoding: attend over the cache as it was (its written slots) and over the new keys
+        # among themselves (causal), one softmax over both. The cache is only read here;
+        # `Llama` writes the new keys of all layers into it once, so a decode step moves one
+        # slot per row instead of rewriting every layer's cache (docs/decoding-at-scale.md).
+        written, causal = mask  # [batch, time], [length, length]
+        ck, cv = layer_cache[0].astype(dt), layer_cache[1].astype(dt)
+        past = jnp.einsum("bskgd,bktd->bkgst", qg, ck).astype(jnp.float32) / math.sqrt(d)
+        past = jnp.where(written[:, None, None, None, :], past, NEG_INF)
+        scores = jnp.where(causal[None, None, None], scores, NEG_INF)
+        probs = jax.nn.softmax(jnp.concatenate([past, scores], axis=-1), axis=-1).astype(dt)
+        t = ck.shape[2]
+        out = (jnp.einsum("bkgst,bktd->bskgd", probs[..., :t], cv) + jnp.einsum("bkgst,bktd->bskgd", probs[..., t:], v))
+        out = out.reshape(b, s, h, d)
         out = checkpoint_name(dense(out, wo.astype(dt), 2), "out_proj")
-        return out, new_cache
+        return out, (k, v)  # this call's keys and values: [batch, kv_heads, length, head_dim]
+
+
+def _write(cache: jax.Array, new: jax.Array, end: jax.Array) -> jax.Array:
+    """The new slots [layers, batch, kv_heads, length, head_dim] written at each row's end, as
+    one scatter into the cache (in place when the cache is a loop carry, as in the engine),
+    not a copy per layer. Slots past the cache's width are dropped."""
+    b, s = new.shape[1], new.shape[3]
+    slots = end[:, None] + jnp.arange(s)[None, :]  # [batch, length]
+    # Index arrays on axes 1 and 3 put (batch, length) first: the update is laid out that way.
+    return cache.at[:, jnp.arange(b)[:, None], :, slots, :].set(new.transpose(1, 3, 0, 2, 4).astype(cache.dtype), mode="drop")
 
 
 class MLP(nn.Module):
@@ -192,9 +206,9 @@ class DecoderLayer(nn.Module):
     config: LlamaConfig
 
     @nn.compact
-    def __call__(self, x, layer_cache, cos, sin, mask, cache_end):
+    def __call__(self, x, layer_cache, cos, sin, mask):
         attn_out, new_cache = Attention(self.config, name="attn")(
-            RMSNorm(self.config, name="attn_norm")(x), cos, sin, mask, layer_cache, cache_end)
+            RMSNorm(self.config, name="attn_norm")(x), cos, sin, mask, layer_cache)
         x = x + attn_out
         x = x + MLP(self.config, name="mlp")(RMSNorm(self.config, name="mlp_norm")(x))
         x = constrain(x, "activation_batch", "activation_length", "activation_embed")
@@ -223,7 +237,7 @@ class Llama(nn.Module):
                 layer,
                 variable_axes={"params": 0},
                 split_rngs={"params": True},
-                in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
+                in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast),
                 length=cfg.num_layers,
                 metadata_params={nn.PARTITION_NAME: "layers"},
             )(cfg, name="layers")
@@ -247,8 +261,8 @@ class Llama(nn.Module):
         if cache is not None:
             slots = cache.end[:, None] + jnp.arange(s)[None, :]
             positions = slots if positions is None else positions
-            # A query at slot q sees every written slot <= q of its own row.
-            mask = jnp.arange(cache.max_len)[None, None, :] <= slots[:, :, None]
+            # A query sees its row's written slots and the new tokens up to itself.
+            mask = (jnp.arange(cache.max_len)[None, :] < cache.end[:, None], jnp.tril(jnp.ones((s, s), bool)))
         else:
             positions = jnp.broadcast_to(jnp.arange(s)[None, :], (b, s)) if positions is None else positions
             seg = jnp.ones((b, s), jnp.int32) if segment_ids is None else segment_ids
@@ -258,16 +272,15 @@ class Llama(nn.Module):
         x = jnp.take(self.embedding, tokens, axis=0).astype(_dtype(cfg.dtype))
         x = constrain(x, "activation_batch", "activation_length", "activation_embed")
         cos, sin = rope_tables(positions, cfg)
-        end = cache.end if cache is not None else None
 
         if cfg.scan_layers:
             kv = (cache.k, cache.v) if cache is not None else None
-            x, new_kv = self.layers(x, kv, cos, sin, mask, end)
+            x, new_kv = self.layers(x, kv, cos, sin, mask)
         else:
             new_k, new_v = [], []
             for i, layer in enumerate(self.layer_list):
                 layer_kv = (cache.k[i], cache.v[i]) if cache is not None else None
-                x, out_kv = layer(x, layer_kv, cos, sin, mask, end)
+                x, out_kv = layer(x, layer_kv, cos, sin, mask)
                 if out_kv is not None:
                     new_k.append(out_kv[0])
                     new_v.append(out_kv[1])
@@ -276,7 +289,7 @@ class Llama(nn.Module):
         new_cache = None
         if cache is not None:
             added = jnp.full((b,), s, jnp.int32) if num_new is None else num_new.astype(jnp.int32)
-            new_cache = KVCache(new_kv[0], new_kv[1], cache.end + added)
+            new_cache = KVCache(_write(cache.k, new_kv[0], cache.end), _write(cache.v, new_kv[1], cache.end), cache.end + added)
 
         x = self.final_norm(x)
         if return_hidden:
