@@ -65,7 +65,7 @@ def main() -> None:
                 + ", ".join(f"{p['n'] / 1e6:g}M" for p in points if p["reorder_dtype"] == dtype),
         "ours": f"{row['bytes_per_passage_index']:,.0f} B/passage index + {args.text_bytes:.0f} text; "
                 f"{row['index_gb']:.0f} GB index, {row['peak_rss_gb']:.0f} GB build RAM, {row['build_h']:.1f} h build on this machine",
-        "peer": None, "ratio": None, "goal": None, "met": None,
+        "peer": "-", "ratio": None, "goal": None, "met": None,
     } for dtype, row in result["plan"].items()]  # fmt: skip
     print(json.dumps(result["plan"], indent=1))
     print(f"-> {write_result('retrieval_scale', result)}")
