@@ -220,7 +220,7 @@ def main(argv=None) -> int:
     result["summary"] = [{"what": f"short-form Self-RAG decode, {w.questions} questions x {w.k} passages, "
                                   f"{w.preset}, {result['weights']} on {result['machine']['device']}",
                           "ours": f"{t_ours:.2f} s", "peer": f"transformers generate {t_ref:.2f} s",
-                          "ratio": t_ref / t_ours, "goal": "ratio >= 2", "met": t_ref / t_ours >= 2}]
+                          "ratio": t_ref / t_ours, "goal": "ratio >= 3", "met": t_ref / t_ours >= 3}]
     save()
 
     def one_at_a_time():
@@ -240,6 +240,11 @@ def main(argv=None) -> int:
     result["roofline"] = {"required_gflop": flops / 1e9, "matmul_peak_gflops": peak,
                           "achieved_gflops": flops / t_ours / 1e9,
                           "share_of_peak": flops / t_ours / 1e9 / max(peak.values())}
+    share = result["roofline"]["share_of_peak"]
+    result["summary"].append({"what": f"short-form Self-RAG decode ({w.preset}): required FLOPs / time against the "
+                                      f"in-run {result['weights']} matmul peak",
+                              "ours": f"{flops / t_ours / 1e9:.0f} GFLOP/s", "peer": f"peak {max(peak.values()):.0f} GFLOP/s",
+                              "ratio": share, "goal": "ratio >= 0.5", "met": share >= 0.5})
     save()
 
     sweep = {}
