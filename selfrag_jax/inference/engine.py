@@ -430,7 +430,8 @@ class Engine:
     def _prefill_impl(self, params, tokens, lengths):
         b, p = tokens.shape
         cache = KVCache.zeros(self.config, b, p)
-        hidden, cache = self._model().apply({"params": params}, tokens, cache=cache, num_new=lengths, return_hidden=True)
+        hidden, cache = self._model().apply({"params": params}, tokens, cache=cache, num_new=lengths, return_hidden=True,
+                                            written_within=0)  # an empty cache: attention over the prompts only
         logits = self._last_logits(params, hidden, lengths)
         ret_lp = jax.nn.log_softmax(logits, axis=-1)[:, jnp.array(self.ids.retrieve)]
         return cache, ret_lp, jnp.argmax(logits, axis=-1).astype(jnp.int32)
@@ -455,7 +456,7 @@ class Engine:
         cache = constrain_cache(KVCache(jnp.pad(ctx_cache.k[:, src], grow), jnp.pad(ctx_cache.v[:, src], grow),
                                         ctx_cache.end[src]))
         hidden, cache = self._model().apply({"params": params}, suffix, cache=cache, num_new=suffix_len,
-                                            return_hidden=True)
+                                            return_hidden=True, written_within=ctx_cache.max_len)
         return cache, self._last_logits(params, hidden, suffix_len)
 
     def _segment_loop(self, params, cache, logits, limit):

@@ -248,13 +248,16 @@ class Llama(nn.Module):
             self.lm_head = _param(self, "lm_head", (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"))
 
     def __call__(self, tokens: jax.Array, positions: jax.Array | None = None, segment_ids: jax.Array | None = None,
-                 cache: KVCache | None = None, num_new: jax.Array | None = None, return_hidden: bool = False):
+                 cache: KVCache | None = None, num_new: jax.Array | None = None, return_hidden: bool = False,
+                 written_within: int | None = None):
         """tokens [batch, length] -> (logits [batch, length, vocab] float32, new cache or None).
 
         Training: `segment_ids` (0 = padding) keep packed examples apart; `positions` restart
         per segment. Decoding: pass `cache`; the tokens go to slots `cache.end + i`, and
         `num_new` [batch] (default: all) says how many of them are real, so right-padded
-        prompts of different lengths prefill in one call.
+        prompts of different lengths prefill in one call. `written_within` (static): no row
+        has written past that slot yet, so attention reads only that much of the cache (a
+        context copied into a cache widened for its suffix and answer).
         """
         cfg = self.config
         b, s = tokens.shape
@@ -262,7 +265,8 @@ class Llama(nn.Module):
             slots = cache.end[:, None] + jnp.arange(s)[None, :]
             positions = slots if positions is None else positions
             # A query sees its row's written slots and the new tokens up to itself.
-            mask = (jnp.arange(cache.max_len)[None, :] < cache.end[:, None], jnp.tril(jnp.ones((s, s), bool)))
+            past = cache.max_len if written_within is None else written_within
+            mask = (jnp.arange(past)[None, :] < cache.end[:, None], jnp.tril(jnp.ones((s, s), bool)))
         else:
             positions = jnp.broadcast_to(jnp.arange(s)[None, :], (b, s)) if positions is None else positions
             seg = jnp.ones((b, s), jnp.int32) if segment_ids is None else segment_ids
@@ -274,12 +278,12 @@ class Llama(nn.Module):
         cos, sin = rope_tables(positions, cfg)
 
         if cfg.scan_layers:
-            kv = (cache.k, cache.v) if cache is not None else None
+            kv = (cache.k[:, :, :, :past], cache.v[:, :, :, :past]) if cache is not None else None
             x, new_kv = self.layers(x, kv, cos, sin, mask)
         else:
             new_k, new_v = [], []
             for i, layer in enumerate(self.layer_list):
-                layer_kv = (cache.k[i], cache.v[i]) if cache is not None else None
+                layer_kv = (cache.k[i, :, :, :past], cache.v[i, :, :, :past]) if cache is not None else None
                 x, out_kv = layer(x, layer_kv, cos, sin, mask)
                 if out_kv is not None:
                     new_k.append(out_kv[0])
