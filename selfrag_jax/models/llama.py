@@ -160,8 +160,8 @@ class Attention(nn.Module):
             return checkpoint_name(dense(out, wo.astype(dt), 2), "out_proj"), None
         # Decoding: attend over the cache as it was (its written slots) and over the new keys
         # among themselves (causal), one softmax over both. The cache is only read here;
-        # `Llama` writes the new keys of all layers into it once, so a decode step moves one
-        # slot per row instead of rewriting every layer's cache (docs/decoding-at-scale.md).
+        # `Llama` writes the new keys of all layers into it once, instead of the layer scan
+        # rewriting every layer's cache per step (docs/decoding-at-scale.md).
         written, causal = mask  # [batch, time], [length, length]
         ck, cv = layer_cache[0].astype(dt), layer_cache[1].astype(dt)
         past = jnp.einsum("bskgd,bktd->bkgst", qg, ck).astype(jnp.float32) / math.sqrt(d)
@@ -177,8 +177,7 @@ class Attention(nn.Module):
 
 def _write(cache: jax.Array, new: jax.Array, end: jax.Array) -> jax.Array:
     """The new slots [layers, batch, kv_heads, length, head_dim] written at each row's end, as
-    one scatter into the cache (in place when the cache is a loop carry, as in the engine),
-    not a copy per layer. Slots past the cache's width are dropped."""
+    one scatter into the cache, not a copy per layer. Slots past the cache's width are dropped."""
     b, s = new.shape[1], new.shape[3]
     slots = end[:, None] + jnp.arange(s)[None, :]  # [batch, length]
     # Index arrays on axes 1 and 3 put (batch, length) first: the update is laid out that way.
