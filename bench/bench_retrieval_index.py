@@ -27,7 +27,7 @@ import numpy as np
 
 from bench.common import machine_info, median_time, versions, write_result
 from selfrag_jax.retrieval.cli import add_scann_arguments, scann_overrides
-from selfrag_jax.retrieval.index import ExactIndex, ScannIndex, build_index
+from selfrag_jax.retrieval.index import REORDER_DEPTHS, ExactIndex, ScannIndex, build_index, leaf_grid
 from selfrag_jax.retrieval.synthetic import clustered_vectors, recall_at_k, split_queries
 
 
@@ -137,10 +137,9 @@ def bench_scann(db: np.ndarray, queries: np.ndarray, truth: np.ndarray, args) ->
 def _sweep(index: ScannIndex, queries: np.ndarray, truth: np.ndarray, args) -> list[dict]:
     """Recall and QPS over the search knobs (leaves searched per re-scoring depth, fewest
     leaves reaching the target), for the curve: as efSearch is swept for HNSW."""
-    params = index.params
-    fractions = (0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.035, 0.04, 0.05, 0.06, 0.08, 0.12, 0.16, 0.2, 0.25, 0.3, 0.4, 0.5)
-    leaf_options = sorted({max(1, round(params.num_leaves * f)) for f in fractions}) if params.num_leaves else [None]
-    reorder_options = sorted({50, 100, 200, 400, 800, params.reorder}) if params.reorder else [None]
+    params = index.params  # the grids calibration walks
+    leaf_options = leaf_grid(params.num_leaves) if params.num_leaves else [None]
+    reorder_options = sorted({*REORDER_DEPTHS, params.reorder}) if params.reorder else [None]
     sweep = []
     for reorder in reorder_options:
         for leaves in leaf_options:

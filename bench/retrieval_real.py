@@ -121,7 +121,7 @@ def docstring_corpus(work: Path, n_passages: int, n_queries: int) -> tuple[Path,
     with open(tmp, "w", encoding="utf-8") as f:
         for row, (text, title) in enumerate(chosen):
             f.write(json.dumps({"id": f"d{row:07d}", "title": title, "text": text}) + "\n")
-    names = [title.replace("/", ".") for _, title in chosen[:: max(1, len(chosen) // n_queries)][:n_queries]]
+    names = [title for _, title in chosen[:: max(1, len(chosen) // n_queries)][:n_queries]]
     queries_file.write_text(json.dumps({"held_out_passages": held_out, "object_names": names}))
     tmp.replace(passages_file)
     return passages_file, {"held_out_passages": held_out, "object_names": names}

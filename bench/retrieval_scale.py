@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.common import machine_info, versions, write_result
+from bench.common import machine_info, median_time, versions, write_result
 
 TARGET_N = 21_000_000
 
@@ -85,18 +85,14 @@ def measure(n: int, dim: int, reorder_dtype: str, n_queries: int) -> dict:
     _, truth = ExactIndex(db, keep_on_device=False).search(queries, 10)
     search = lambda: index.search(queries, 10)  # noqa: E731
     recall = recall_at_k(search()[1], truth)
-    times = []
-    for _ in range(3):
-        t0 = time.perf_counter()
-        search()
-        times.append(time.perf_counter() - t0)
+    seconds, _ = median_time(search, 3)
     with tempfile.TemporaryDirectory() as tmp:
         index.save(Path(tmp))
         files = {str(f.relative_to(tmp)): f.stat().st_size for f in Path(tmp).rglob("*") if f.is_file()}
     return {
         "n": n, "dim": dim, "reorder_dtype": reorder_dtype, "params": dict(index.params.__dict__),
         "data_s": data_s, "build_s": build_s, "calibration_recall": calibration.get("recall"),
-        "recall": recall, "qps": n_queries / float(np.median(times)),
+        "recall": recall, "qps": n_queries / seconds,
         "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9,  # Linux: KiB
         "vectors_gb": db.nbytes / 1e9, "index_bytes": sum(files.values()),
         "bytes_per_passage_index": sum(files.values()) / n, "index_files": files,

@@ -200,7 +200,7 @@ def _fan_out(args: argparse.Namespace):
         raise CLIError(f"--shard: {err}") from None
     shards = retriever.health()
     down = [s["error"] for s in shards if s["status"] != "ok"]
-    if down and (not args.allow_partial or len(down) == len(shards)):
+    if not retriever.serving(len(down)):
         raise CLIError(down[0])
     for error in down:
         print(f"warning: {error}; serving without it until it answers (--allow-partial)", file=sys.stderr, flush=True)

@@ -247,8 +247,13 @@ class ScannIndex:
 # --------------------------------------------------------------------------- calibration
 
 SEARCH_KNOBS = ("leaves_to_search", "reorder")
-_LEAF_FRACTIONS = (0.005, 0.0075, 0.01, 0.0125, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.06, 0.08, 0.1, 0.12, 0.16, 0.2, 0.25, 0.3, 0.4, 0.5)
-_REORDER_DEPTHS = (50, 100, 200, 400, 800)
+LEAF_FRACTIONS = (0.005, 0.0075, 0.01, 0.0125, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.06, 0.08, 0.1, 0.12, 0.16, 0.2, 0.25, 0.3, 0.4, 0.5)
+REORDER_DEPTHS = (50, 100, 200, 400, 800)
+
+
+def leaf_grid(num_leaves: int) -> list[int]:
+    """The leaves-searched values calibration tries (fractions of the tree's leaves)."""
+    return sorted({max(1, round(num_leaves * f)) for f in LEAF_FRACTIONS})
 
 
 def calibration_rows(n: int, n_queries: int = 1000, seed: int = 0) -> np.ndarray:
@@ -298,10 +303,10 @@ def calibrate(
 
     leaf_options: list[int | None] = [params.leaves_to_search or None]
     if params.num_leaves and "leaves_to_search" not in fixed:
-        leaf_options = sorted({max(1, round(params.num_leaves * f)) for f in _LEAF_FRACTIONS})
+        leaf_options = leaf_grid(params.num_leaves)
     reorder_options: list[int | None] = [params.reorder or None]
     if params.reorder and "reorder" not in fixed:
-        reorder_options = sorted({d for d in _REORDER_DEPTHS if d > k})
+        reorder_options = sorted({d for d in REORDER_DEPTHS if d > k})
     sweep: list[dict[str, Any]] = []
     reached: list[dict[str, Any]] = []
     for reorder in reorder_options:
@@ -320,10 +325,9 @@ def calibrate(
         point["qps"] = len(rows) / float(np.median([_timed(search) for _ in range(repeats)]))
         reached.append(point)
     best = max(reached, key=lambda p: p["qps"]) if reached else max(sweep, key=lambda p: p["recall"])
-    report.update(queries=len(rows), reached=bool(reached))
     chosen = params.replace(**{knob: best[knob] for knob in SEARCH_KNOBS if best[knob] is not None})
-    report.update({key: best.get(key) for key in ("leaves_to_search", "reorder", "recall", "recall_lower_bound", "qps")})
-    report["sweep"] = sweep
+    report.update({key: best.get(key) for key in ("leaves_to_search", "reorder", "recall", "recall_lower_bound", "qps")},
+                  queries=len(rows), reached=bool(reached), sweep=sweep)  # fmt: skip
     return ScannIndex(index.searcher, chosen, index.size), report
 
 

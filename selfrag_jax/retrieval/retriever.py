@@ -173,10 +173,15 @@ class ShardedRetriever:
                 answered.append((i, hits))
             except (RetrievalError, OSError) as err:  # unreachable, timed out, refused; anything else is a bug: raised
                 failures[self.names[i]] = str(err) or type(err).__name__
-        if failures and (not self.allow_partial or not answered):
+        if not self.serving(len(failures)):
             raise ShardUnavailable(failures)
         results = [_merge([(i, hits[q]) for i, hits in answered], k) for q in range(len(queries))]
         return ShardedResults(results, list(failures))
+
+    def serving(self, down: int) -> bool:
+        """Whether the fan-out answers with `down` parts not answering: all must answer, or,
+        with `allow_partial`, at least one."""
+        return down == 0 or (self.allow_partial and down < len(self.parts))
 
     def health(self) -> list[dict[str, Any]]:
         """Each part's state: {"shard", "status": "ok", "passages"} or {"shard", "status": "unavailable", "error"}."""

@@ -145,7 +145,7 @@ def make_app(retriever: SupportsRetrieve, config: ServerConfig = ServerConfig(),
             return web.json_response({"status": "ok", "passages": count})
         shards = await asyncio.get_running_loop().run_in_executor(None, retriever.health)
         down = sum(s["status"] != "ok" for s in shards)
-        serving = down == 0 or (retriever.allow_partial and down < len(shards))  # as /retrieve would answer
+        serving = retriever.serving(down)  # as /retrieve would answer
         body = {"status": "ok" if down == 0 else "partial" if serving else "unavailable",
                 "passages": sum(s.get("passages", 0) for s in shards), "shards": shards}  # fmt: skip
         return web.json_response(body, status=200 if serving else 503)
