@@ -308,13 +308,14 @@ def plan_decode(cfg, model_config, target: Target, batch: int, margin: float) ->
     groups = mesh.shape["data"] * mesh.shape["fsdp"]
     if batch % groups:
         raise ValueError(f"--decode-batch {batch} is not divisible by the data x fsdp mesh axes = {groups}")
+    model_config = model_config.replace(scan_layers=False)  # the layout decoding runs
     params, _ = abstract_params(model_config)
     pshard = param_shardings(model_config, mesh, rules)
-    cache_shard = sharding.logical_sharding(mesh, CACHE_LOGICAL, rules)
+    cache_shard = (sharding.logical_sharding(mesh, CACHE_LOGICAL, rules),) * model_config.num_layers
     row_shard = sharding.logical_sharding(mesh, ("cache_batch",), rules)
     c = model_config
-    kv_shape = (c.num_layers, batch, c.num_kv_heads, cfg.data.seq_len, c.head_dim)
-    kv = jax.ShapeDtypeStruct(kv_shape, jnp.dtype(c.dtype), sharding=cache_shard)
+    kv = tuple(jax.ShapeDtypeStruct(_kv_shape(c, batch, cfg.data.seq_len), jnp.dtype(c.dtype), sharding=s)
+               for s in cache_shard)
     cache = KVCache(kv, kv, jax.ShapeDtypeStruct((batch,), jnp.int32, sharding=row_shard))
     token = jax.ShapeDtypeStruct((batch,), jnp.int32, sharding=row_shard)
     cache_shardings = KVCache(cache_shard, cache_shard, row_shard)
@@ -323,7 +324,7 @@ def plan_decode(cfg, model_config, target: Target, batch: int, margin: float) ->
     def step(params, token, cache):
         with nn.logical_axis_rules(rules):
             logits, cache = model.apply({"params": params}, token[:, None], cache=cache)
-        return jnp.argmax(logits[:, 0], axis=-1).astype(jnp.int32), cache
+        return jnp.argmax(logits[:, 0], axis=-1).astype(jnp.int32), cache.flush()
 
     fn = jax.jit(step, in_shardings=(pshard, row_shard, cache_shardings), out_shardings=(row_shard, cache_shardings),
                  donate_argnums=(2,))
@@ -501,14 +502,15 @@ def _serve_shapes(serve: ServeConfig, rows) -> dict[str, int]:
 
 
 def _kv_shape(config, rows: int, length: int) -> tuple[int, ...]:
-    return config.num_layers, rows, config.num_kv_heads, length, config.head_dim
+    """One layer's buffer of a KV cache (models.llama.KVCache)."""
+    return rows, config.num_kv_heads, length, config.head_dim
 
 
 def _kv_bytes(config, rows: int, length: int) -> int:
     """Keys and values of a KV cache, all chips together."""
     import jax.numpy as jnp
 
-    return 2 * math.prod(_kv_shape(config, rows, length)) * jnp.dtype(config.dtype).itemsize
+    return 2 * config.num_layers * math.prod(_kv_shape(config, rows, length)) * jnp.dtype(config.dtype).itemsize
 
 
 def plan_serve_programs(serve: ServeConfig, model_config, target: Target, margin: float) -> tuple[dict[str, Memory], dict]:
@@ -522,6 +524,7 @@ def plan_serve_programs(serve: ServeConfig, model_config, target: Target, margin
     from selfrag_jax.models.llama import KVCache, abstract_params
 
     placement = Placement(sharding.make_mesh(serve.mesh, target_devices(target)))
+    model_config = model_config.replace(scan_layers=False)  # the layout decoding runs
     abstract, _ = abstract_params(model_config)
     pshard = placement.params(model_config)
     params = _with_shardings(abstract, pshard)
@@ -535,14 +538,16 @@ def plan_serve_programs(serve: ServeConfig, model_config, target: Target, margin
 
     cr, cl, kr, sl = shapes["context_rows"], shapes["context_len"], shapes["candidate_rows"], shapes["suffix_len"]
 
-    def kv(rows, length):
-        return jax.ShapeDtypeStruct(_kv_shape(model_config, rows, length), jnp.dtype(model_config.dtype),
-                                    sharding=placement.cache.k)
+    cache_s = placement.cache(model_config.num_layers)
 
-    ctx_cache = KVCache(kv(cr, cl), kv(cr, cl), jax.ShapeDtypeStruct((cr,), jnp.int32, sharding=placement.cache.end))
+    def kv(rows, length):
+        return tuple(jax.ShapeDtypeStruct(_kv_shape(model_config, rows, length), jnp.dtype(model_config.dtype),
+                                          sharding=s) for s in cache_s.k)
+
+    ctx_cache = KVCache(kv(cr, cl), kv(cr, cl), jax.ShapeDtypeStruct((cr,), jnp.int32, sharding=cache_s.end))
     param_bytes = _shard_bytes(abstract, pshard)
-    ctx_kv = 2 * _shard_bytes(kv(cr, cl), placement.cache.k)  # per chip, as the rules split it
-    cand_kv = 2 * _shard_bytes(kv(kr, cl + sl + serve.max_new_tokens), placement.cache.k)
+    ctx_kv = 2 * _shard_bytes(kv(cr, cl), cache_s.k)  # per chip, as the rules split it
+    cand_kv = 2 * _shard_bytes(kv(kr, cl + sl + serve.max_new_tokens), cache_s.k)
     programs = {}
     for name, lower in (("prefill", lambda: engine._prefill.lower(params, arg(cr, cl), arg(cr))),
                         ("decode", lambda: engine._decode.lower(params, ctx_cache, arg(kr), arg(kr, sl), arg(kr), arg(kr)))):

@@ -92,14 +92,15 @@ def test_sharded_engine_equals_one_device(folder, reference, mesh):
 
 
 def test_parameters_and_cache_carry_the_rules_shardings(folder):
-    """Golden: the specs the rules table names (data x fsdp rows, tensor heads, fsdp embed)."""
+    """Golden: the specs the rules table names (data x fsdp rows, tensor heads, fsdp embed), on
+    the per-layer parameters and cache buffers decoding runs."""
     engine, _ = engine_for(folder, "2,2,2")
-    layers = engine.params["layers"]
+    layers = engine.params["layers_1"]
     want = {
         "embedding": P("tensor", "fsdp"), "lm_head": P("fsdp", "tensor"), "final_norm/scale": P(None),
-        "layers/attn/wq": P(None, "fsdp", "tensor", None), "layers/attn/wk": P(None, "fsdp", "tensor", None),
-        "layers/attn/wo": P(None, "tensor", None, "fsdp"), "layers/mlp/gate": P(None, "fsdp", "tensor"),
-        "layers/mlp/down": P(None, "tensor", "fsdp"), "layers/attn_norm/scale": P(None, None),
+        "layers/attn/wq": P("fsdp", "tensor", None), "layers/attn/wk": P("fsdp", "tensor", None),
+        "layers/attn/wo": P("tensor", None, "fsdp"), "layers/mlp/gate": P("fsdp", "tensor"),
+        "layers/mlp/down": P("tensor", "fsdp"), "layers/attn_norm/scale": P(None),
     }
     got = {"embedding": engine.params["embedding"], "lm_head": engine.params["lm_head"],
            "final_norm/scale": engine.params["final_norm"]["scale"], "layers/attn/wq": layers["attn"]["wq"],
@@ -110,19 +111,19 @@ def test_parameters_and_cache_carry_the_rules_shardings(folder):
         assert array.sharding.spec == want[name], name
         assert array.sharding.mesh.shape == {"data": 2, "fsdp": 2, "tensor": 2}
     state = engine.prefill([[5, 6, 7], [8, 9]])
-    kv = P(None, ("data", "fsdp"), "tensor", None, None)
-    assert state.cache.k.sharding.spec == kv and state.cache.v.sharding.spec == kv
+    kv = P(("data", "fsdp"), "tensor", None, None)
+    assert all(x.sharding.spec == kv for x in (*state.cache.k, *state.cache.v))
     assert state.cache.end.sharding.spec == P(("data", "fsdp"))
-    assert state.cache.k.shape[1] == 4  # 2 contexts padded to split over data x fsdp
+    assert state.cache.k[0].shape[0] == 4  # 2 contexts padded to split over data x fsdp
     reading = engine.read(state, [0, 0, 1], [[10, 11], [12], [13, 14, 15]])
-    assert reading.cache.k.sharding.spec == kv
+    assert all(x.sharding.spec == kv for x in (*reading.cache.k, *reading.cache.v))
 
 
 def test_bfloat16_parameters_cache_and_float32_scores(folder, reference):
     engine, tok = engine_for(folder, "2,1,4", dtype="bfloat16")
     assert {leaf.dtype for leaf in jax.tree.leaves(engine.params)} == {np.dtype("bfloat16")}
     state = engine.prefill([[5, 6, 7]])
-    assert state.cache.k.dtype == np.dtype("bfloat16") and state.retrieve_logprobs.dtype == np.float32
+    assert state.cache.k[0].dtype == np.dtype("bfloat16") and state.retrieve_logprobs.dtype == np.float32
     got = runs(engine, tok)["always"]
     want = reference["always"]
     # A random model's near-ties can flip in bfloat16; the scores stay close.

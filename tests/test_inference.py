@@ -218,6 +218,24 @@ def test_compiled_programs_stay_few_over_200_questions(model):
     assert programs["prefill"] <= 12 and programs["decode"] <= 16, programs  # 9 and 12 measured
 
 
+def test_segment_loop_neither_copies_nor_slices_a_cache_buffer(engine):
+    """The decode program updates its per-layer cache buffers in place: no instruction of a
+    buffer's shape is a copy or a slice (a layer scan's slices, or a write placed after the
+    step's reads, each cost a copy of the whole cache per step on XLA:CPU)."""
+    import re
+
+    state = engine.prefill([[5, 6, 7, 8], [9, 10]])
+    rows, suffix = 4, 16
+    text = engine._decode.lower(engine.params, state.cache, np.zeros(rows, np.int32), np.full((rows, suffix), 5, np.int32),
+                                np.full(rows, suffix, np.int32), np.full(rows, MAX_NEW, np.int32)).compile().as_text()
+    width = state.cache.max_len + suffix + MAX_NEW
+    buffer = "f32[{},{},{},{}]".format(rows, engine.config.num_kv_heads, width, engine.config.head_dim)
+    # (name, opcode) of every instruction that produces a buffer; a fusion is named by what it fuses
+    ops = re.findall(r"%([\w.-]+) = " + re.escape(buffer) + r"\{[^}]*\} ([\w-]+)\(", text)
+    assert any("scatter" in name for name, _ in ops), ops  # the buffers are there, written by scatters
+    assert not [(name, op) for name, op in ops if re.search("copy|slice", f"{name} {op}")]
+
+
 def test_no_text_ever_produces_a_control_id(model, engine):
     tok = model[3]
     control = tok.control_ids | {tok.eos_id}

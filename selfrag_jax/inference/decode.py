@@ -18,6 +18,7 @@ import numpy as np
 
 from selfrag_jax.models.config import LlamaConfig
 from selfrag_jax.models.llama import KVCache, Llama
+from selfrag_jax.models.params import for_decoding
 
 
 def pad_batch(seqs: Sequence[Sequence[int]], pad_id: int, length: int | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -38,10 +39,12 @@ def greedy_generate(params, config: LlamaConfig, tokens: jax.Array, lengths: jax
     A row stops after its first token in `stop_ids` (kept in the output); later positions
     hold `pad_id`.
     """
+    params, config = for_decoding(params, config)  # once per call, outside the loop
     model = Llama(config)
     b, p = tokens.shape
     cache = KVCache.zeros(config, b, p + max_new_tokens)
     logits, cache = model.apply({"params": params}, tokens, cache=cache, num_new=lengths)
+    cache = cache.flush(carry_slots=1)  # the loop's carry: one pending slot per step
     first = jnp.argmax(jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)[:, 0], axis=-1)
 
     out = jnp.full((b, max_new_tokens), pad_id, jnp.int32)

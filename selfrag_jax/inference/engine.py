@@ -49,6 +49,7 @@ from selfrag_jax import tokens as T
 from selfrag_jax.inference.decode import pad_batch
 from selfrag_jax.models.config import LlamaConfig
 from selfrag_jax.models.llama import CACHE_LOGICAL, KVCache, Llama, param_shardings
+from selfrag_jax.models.params import for_decoding
 
 MIN_LENGTH_BUCKET = 16
 
@@ -235,10 +236,9 @@ class Placement:
     def replicated(self) -> NamedSharding:
         return NamedSharding(self.mesh, PartitionSpec())
 
-    @property
-    def cache(self) -> KVCache:
-        """The KV cache's shardings (a KVCache of NamedShardings)."""
-        kv = self.named(*CACHE_LOGICAL)
+    def cache(self, num_layers: int) -> KVCache:
+        """A flushed KV cache's shardings (a KVCache of NamedShardings)."""
+        kv = (self.named(*CACHE_LOGICAL),) * num_layers
         return KVCache(kv, kv, self.named("cache_batch"))
 
     @property
@@ -267,8 +267,10 @@ class Placement:
 def constrain_cache(cache: KVCache) -> KVCache:
     """Keep a cache built inside a program (row gathers, the decode loop's carry) on the
     rules' layout instead of whatever XLA would infer (a no-op off a mesh)."""
-    kv = lambda x: nn.with_logical_constraint(x, CACHE_LOGICAL)  # noqa: E731
-    return KVCache(kv(cache.k), kv(cache.v), nn.with_logical_constraint(cache.end, ("cache_batch",)))
+    kv = lambda layers: tuple(nn.with_logical_constraint(x, CACHE_LOGICAL) for x in layers)  # noqa: E731
+    rows = lambda x: None if x is None else nn.with_logical_constraint(x, ("cache_batch",))  # noqa: E731
+    pending = None if cache.pending is None else (kv(cache.pending[0]), kv(cache.pending[1]))
+    return KVCache(kv(cache.k), kv(cache.v), rows(cache.end), pending, rows(cache.pending_at))
 
 
 class Engine:
@@ -278,6 +280,7 @@ class Engine:
 
     def __init__(self, params, config: LlamaConfig, ids: ControlIds, max_new_tokens: int,
                  placement: Placement | None = None, shapes: Shapes | None = None):
+        params, config = for_decoding(params, config, placement.params if placement else None)
         self.params = params
         if shapes is not None:  # no suffix is longer than the model leaves beside an answer
             most = config.max_position_embeddings - max_new_tokens
@@ -297,7 +300,7 @@ class Engine:
         def jit(fn, ins, outs):
             return jax.jit(fn) if p is None else jax.jit(fn, in_shardings=ins, out_shardings=outs)
 
-        params_s, cache_s, rep, rows = ((p.params(config), p.cache, p.replicated, p.named("cache_batch", None))
+        params_s, cache_s, rep, rows = ((p.params(config), p.cache(config.num_layers), p.replicated, p.named("cache_batch", None))
                                         if p else (None,) * 4)
         self._prefill = jit(self._prefill_impl, (params_s, rep, rep), (cache_s, rep, rep))
         self._decode = jit(self._decode_impl, (params_s, cache_s, rep, rep, rep, rep), rep)
@@ -312,7 +315,8 @@ class Engine:
         from selfrag_jax.models.checkpoint import load_model
 
         placement = Placement(sharding.make_mesh(mesh), rules) if mesh else None
-        config, params, tok, _ = load_model(model, shardings=placement.params if placement else None, dtype=dtype)
+        config, params, tok, _ = load_model(model, scan_layers=False, dtype=dtype,  # the layout decoding runs
+                                            shardings=placement.params if placement else None)
         if tok is None:
             raise ValueError(f"{model}: no tokenizer files next to the model")
         return cls(params, config, ControlIds.from_tokenizer(tok), max_new_tokens, placement, shapes), tok
@@ -320,7 +324,7 @@ class Engine:
     @staticmethod
     def _check_placement(config: LlamaConfig, placement: Placement) -> None:
         """Cache shapes must split over the mesh (a one-line error naming the config value)."""
-        shape = (config.num_layers, placement.row_multiple, config.num_kv_heads, 1, config.head_dim)
+        shape = (placement.row_multiple, config.num_kv_heads, 1, config.head_dim)
         sharding.check_divisible("KV cache", shape, CACHE_LOGICAL, placement.mesh, placement.rules)
 
     # --- host side -------------------------------------------------------------------
@@ -434,7 +438,7 @@ class Engine:
                                             written_within=0)  # an empty cache: attention over the prompts only
         logits = self._last_logits(params, hidden, lengths)
         ret_lp = jax.nn.log_softmax(logits, axis=-1)[:, jnp.array(self.ids.retrieve)]
-        return cache, ret_lp, jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        return cache.flush(), ret_lp, jnp.argmax(logits, axis=-1).astype(jnp.int32)
 
     def _decode_impl(self, params, ctx_cache: KVCache, src, suffix, suffix_len, limit):
         cache, logits = self._prefill_suffix(params, ctx_cache, src, suffix, suffix_len)
@@ -442,19 +446,16 @@ class Engine:
 
     def _read_impl(self, params, ctx_cache: KVCache, src, suffix, suffix_len):
         cache, logits = self._prefill_suffix(params, ctx_cache, src, suffix, suffix_len)
-        return cache, logits, jax.nn.softmax(logits, axis=-1)[:, jnp.array(self.ids.isrel)]
+        return cache.flush(), logits, jax.nn.softmax(logits, axis=-1)[:, jnp.array(self.ids.isrel)]
 
     def _decode_rows_impl(self, params, cache: KVCache, logits, idx, limit):
-        cache = constrain_cache(KVCache(cache.k[:, idx], cache.v[:, idx], cache.end[idx]))
-        return self._segment_loop(params, cache, logits[idx], limit)
+        return self._segment_loop(params, constrain_cache(cache.rows(idx)), logits[idx], limit)
 
     def _prefill_suffix(self, params, ctx_cache: KVCache, src, suffix, suffix_len):
         """Copy context rows `src` into a cache wide enough for suffix and segment, prefill the
-        suffixes: (cache, logits at each row's last suffix position)."""
+        suffixes: (cache, its suffixes pending; logits at each row's last suffix position)."""
         width = ctx_cache.max_len + suffix.shape[1] + self.max_new_tokens
-        grow = ((0, 0), (0, 0), (0, 0), (0, width - ctx_cache.max_len), (0, 0))
-        cache = constrain_cache(KVCache(jnp.pad(ctx_cache.k[:, src], grow), jnp.pad(ctx_cache.v[:, src], grow),
-                                        ctx_cache.end[src]))
+        cache = constrain_cache(ctx_cache.rows(src, width))
         hidden, cache = self._model().apply({"params": params}, suffix, cache=cache, num_new=suffix_len,
                                             return_hidden=True, written_within=ctx_cache.max_len)
         return cache, self._last_logits(params, hidden, suffix_len)
@@ -466,6 +467,8 @@ class Engine:
         b = logits.shape[0]
         boundary, issup, isuse = jnp.array(ids.boundary), jnp.array(ids.issup), jnp.array(ids.isuse)
         rel = jax.nn.softmax(logits, axis=-1)[:, jnp.array(ids.isrel)]
+        # Each step writes the previous step's keys first (KVCache.pending): in place.
+        cache = constrain_cache(cache.flush(carry_slots=1))
 
         def cond(s):
             return (s["step"] < n_new) & ~jnp.all(s["done"])

@@ -8,7 +8,10 @@ Reads top to bottom like the paper's architecture. Conventions:
 - One call serves training and decoding. Without a cache, attention is causal within each
   packed segment (`segment_ids`, 0 = padding). With a `KVCache` the new tokens are written at
   each row's own end (`cache.end`), so rows of one batch can be at different lengths.
-- The KV cache is `[layers, batch, kv_heads, time, head_dim]`: never repeated for GQA.
+- The KV cache holds one `[batch, kv_heads, time, head_dim]` buffer per layer (never repeated
+  for GQA), and decoding runs the layers unrolled over unstacked parameters: a layer scan
+  would slice a stacked cache and stacked weights per layer, which XLA:CPU materialises as a
+  copy of the whole cache and of every weight at each step (docs/decoding-at-scale.md).
 """
 
 from __future__ import annotations
@@ -41,22 +44,58 @@ def constrain(x: jax.Array, *logical: str | None) -> jax.Array:
 # KV cache
 # --------------------------------------------------------------------------------------
 class KVCache(struct.PyTreeNode):
-    k: jax.Array  # [layers, batch, kv_heads, time, head_dim]
-    v: jax.Array
-    end: jax.Array  # [batch] int32: number of valid slots per row
+    """One buffer per layer, and the last call's keys and values not yet written into them
+    (`pending`, at slots `pending_at` onwards): the next call writes them first, before
+    anything reads the buffers, so that XLA updates the buffers in place instead of copying
+    them to keep the old value for a read it could not order (docs/decoding-at-scale.md)."""
+
+    k: tuple[jax.Array, ...]  # per layer: [batch, kv_heads, time, head_dim]
+    v: tuple[jax.Array, ...]
+    end: jax.Array  # [batch] int32: number of valid slots per row, pending ones included
+    pending: tuple[tuple[jax.Array, ...], tuple[jax.Array, ...]] | None = None  # (k, v) per layer: [b, kv, s, d]
+    pending_at: jax.Array | None = None  # [batch] int32: the slot of each row's first pending one
 
     @property
     def max_len(self) -> int:
-        return self.k.shape[3]
+        return self.k[0].shape[2]
 
     @classmethod
     def zeros(cls, config: LlamaConfig, batch: int, max_len: int, dtype: Any = None) -> "KVCache":
         dtype = dtype or _dtype(config.dtype)
-        shape = (config.num_layers, batch, config.num_kv_heads, max_len, config.head_dim)
-        return cls(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), jnp.zeros((batch,), jnp.int32))
+        shape = (batch, config.num_kv_heads, max_len, config.head_dim)
+        layers = lambda: tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers))  # noqa: E731
+        return cls(layers(), layers(), jnp.zeros((batch,), jnp.int32))
+
+    def flush(self, carry_slots: int = 0) -> "KVCache":
+        """The pending slots written into the buffers. With `carry_slots`, an empty pending
+        block of that many slots follows at each row's end, so that a loop's carry keeps one
+        shape (its first step writes those zeros past the valid slots: nothing anyone reads)."""
+        k, v = self.k, self.v
+        if self.pending is not None:
+            k = tuple(_write(buf, new, self.pending_at) for buf, new in zip(k, self.pending[0]))
+            v = tuple(_write(buf, new, self.pending_at) for buf, new in zip(v, self.pending[1]))
+        if not carry_slots:
+            return KVCache(k, v, self.end)
+        empty = tuple(jnp.zeros((*x.shape[:2], carry_slots, x.shape[3]), x.dtype) for x in k)
+        return KVCache(k, v, self.end, (empty, empty), self.end)
+
+    def rows(self, idx: jax.Array, width: int | None = None) -> "KVCache":
+        """The rows `idx` of a flushed cache (a gather), widened to `width` slots."""
+        grow = ((0, 0), (0, 0), (0, (width or self.max_len) - self.max_len), (0, 0))
+        take = lambda layers: tuple(jnp.pad(x[idx], grow) for x in layers)  # noqa: E731
+        return KVCache(take(self.k), take(self.v), self.end[idx])
 
 
-CACHE_LOGICAL = ("layers", "cache_batch", "cache_kv_heads", "cache_time", "head_dim")
+def _write(buf: jax.Array, new: jax.Array, at: jax.Array) -> jax.Array:
+    """One layer's new slots [batch, kv_heads, length, head_dim] written at each row's slot `at`
+    onwards, as one scatter; slots past the buffer's width are dropped."""
+    b, s = new.shape[0], new.shape[2]
+    slots = at[:, None] + jnp.arange(s)[None, :]  # [batch, length]
+    # Index arrays on axes 0 and 2 put (batch, length) first: the update is laid out that way.
+    return buf.at[jnp.arange(b)[:, None], :, slots, :].set(new.transpose(0, 2, 1, 3).astype(buf.dtype), mode="drop")
+
+
+CACHE_LOGICAL = ("cache_batch", "cache_kv_heads", "cache_time", "head_dim")  # each layer's buffer
 
 
 # --------------------------------------------------------------------------------------
@@ -158,10 +197,9 @@ class Attention(nn.Module):
             probs = jax.nn.softmax(scores, axis=-1).astype(dt)
             out = jnp.einsum("bkgst,bktd->bskgd", probs, v).reshape(b, s, h, d)
             return checkpoint_name(dense(out, wo.astype(dt), 2), "out_proj"), None
-        # Decoding: attend over the cache as it was (its written slots) and over the new keys
-        # among themselves (causal), one softmax over both. The cache is only read here;
-        # `Llama` writes the new keys of all layers into it once, instead of the layer scan
-        # rewriting every layer's cache per step (docs/decoding-at-scale.md).
+        # Decoding: attend over the written slots of the layer's cache and over the new keys
+        # among themselves (causal), one softmax over both. The cache is only read here: the
+        # new keys go back as pending, written by the next call before it reads.
         written, causal = mask  # [batch, time], [length, length]
         ck, cv = layer_cache[0].astype(dt), layer_cache[1].astype(dt)
         past = jnp.einsum("bskgd,bktd->bkgst", qg, ck).astype(jnp.float32) / math.sqrt(d)
@@ -173,15 +211,6 @@ class Attention(nn.Module):
         out = out.reshape(b, s, h, d)
         out = checkpoint_name(dense(out, wo.astype(dt), 2), "out_proj")
         return out, (k, v)  # this call's keys and values: [batch, kv_heads, length, head_dim]
-
-
-def _write(cache: jax.Array, new: jax.Array, end: jax.Array) -> jax.Array:
-    """The new slots [layers, batch, kv_heads, length, head_dim] written at each row's end, as
-    one scatter into the cache, not a copy per layer. Slots past the cache's width are dropped."""
-    b, s = new.shape[1], new.shape[3]
-    slots = end[:, None] + jnp.arange(s)[None, :]  # [batch, length]
-    # Index arrays on axes 1 and 3 put (batch, length) first: the update is laid out that way.
-    return cache.at[:, jnp.arange(b)[:, None], :, slots, :].set(new.transpose(1, 3, 0, 2, 4).astype(cache.dtype), mode="drop")
 
 
 class MLP(nn.Module):
@@ -252,15 +281,20 @@ class Llama(nn.Module):
         """tokens [batch, length] -> (logits [batch, length, vocab] float32, new cache or None).
 
         Training: `segment_ids` (0 = padding) keep packed examples apart; `positions` restart
-        per segment. Decoding: pass `cache`; the tokens go to slots `cache.end + i`, and
-        `num_new` [batch] (default: all) says how many of them are real, so right-padded
-        prompts of different lengths prefill in one call. `written_within` (static): no row
-        has written past that slot yet, so attention reads only that much of the cache (a
-        context copied into a cache widened for its suffix and answer).
+        per segment. Decoding (unscanned layers: `models.params.for_decoding`): pass `cache`;
+        the tokens take slots `cache.end + i`, and `num_new` [batch] (default: all) says how
+        many of them are real, so right-padded prompts of different lengths prefill in one
+        call. The returned cache holds this call's keys and values as pending (`KVCache`).
+        `written_within` (static): no row has written past that slot yet, so attention reads
+        only that much of the cache (a context copied into a cache widened for its suffix and
+        answer).
         """
         cfg = self.config
         b, s = tokens.shape
         if cache is not None:
+            if cfg.scan_layers:
+                raise ValueError("decoding runs unscanned layers: convert with models.params.for_decoding")
+            cache = cache.flush()
             slots = cache.end[:, None] + jnp.arange(s)[None, :]
             positions = slots if positions is None else positions
             # A query sees its row's written slots and the new tokens up to itself.
@@ -277,22 +311,20 @@ class Llama(nn.Module):
         cos, sin = rope_tables(positions, cfg)
 
         if cfg.scan_layers:
-            kv = (cache.k[:, :, :, :past], cache.v[:, :, :, :past]) if cache is not None else None
-            x, new_kv = self.layers(x, kv, cos, sin, mask)
+            x, _ = self.layers(x, None, cos, sin, mask)
         else:
             new_k, new_v = [], []
             for i, layer in enumerate(self.layer_list):
-                layer_kv = (cache.k[i, :, :, :past], cache.v[i, :, :, :past]) if cache is not None else None
+                layer_kv = None if cache is None else (cache.k[i][:, :, :past], cache.v[i][:, :, :past])
                 x, out_kv = layer(x, layer_kv, cos, sin, mask)
                 if out_kv is not None:
                     new_k.append(out_kv[0])
                     new_v.append(out_kv[1])
-            new_kv = (jnp.stack(new_k), jnp.stack(new_v)) if cache is not None else None
 
         new_cache = None
         if cache is not None:
             added = jnp.full((b,), s, jnp.int32) if num_new is None else num_new.astype(jnp.int32)
-            new_cache = KVCache(_write(cache.k, new_kv[0], cache.end), _write(cache.v, new_kv[1], cache.end), cache.end + added)
+            new_cache = KVCache(cache.k, cache.v, cache.end + added, (tuple(new_k), tuple(new_v)), cache.end)
 
         x = self.final_norm(x)
         if return_hidden:

@@ -39,6 +39,22 @@ def to_layout(params: dict[str, Any], config: LlamaConfig) -> dict[str, Any]:
     return params
 
 
+def for_decoding(params: dict[str, Any], config: LlamaConfig, shardings=None) -> tuple[dict[str, Any], LlamaConfig]:
+    """(params, config) in the unscanned layout decoding runs (models/llama.py). A scanned
+    tree is split per layer once, where its arrays are, instead of a layer scan slicing every
+    weight and cache buffer at every step; `shardings` (a function of the new config, as
+    `Placement.params`) then puts the split layers in the rules' layout."""
+    if not config.scan_layers:
+        return params, config
+    import jax
+
+    out = {k: v for k, v in params.items() if k != "layers"}
+    for i in range(config.num_layers):
+        out[f"layers_{i}"] = jax.tree.map(lambda x: x[i], params["layers"])
+    config = config.replace(scan_layers=False)
+    return (out if shardings is None else jax.device_put(out, shardings(config))), config
+
+
 def resize_vocab(params: dict[str, Any], config: LlamaConfig, new_vocab: int, method: str = "mean",
                  seed: int = 0) -> tuple[dict[str, Any], LlamaConfig]:
     """Grow the embedding (and untied output) matrix to `new_vocab` rows.
