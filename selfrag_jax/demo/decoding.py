@@ -58,27 +58,43 @@ def choose_depth(generator: Path, world: Path, index: Path, cache: Path, n: int 
             "sweep_config": dataclasses.asdict(result.configs[best - 1])}
 
 
-# The refusal bar is chosen on the dev splits: the bar (IsRel over rel, IsSup over sup; every
-# candidate below it and the answer is "I don't know.") that refuses the most of the kind of
-# unanswerable question it refuses least, while answerable dev accuracy stays within
-# MAX_DEV_DROP of Self-RAG without refusal (the goal on test is 5 points; the rest is margin).
+# The refusal bar is chosen on the dev splits: the bar (IsRel over rel, IsSup over sup, the
+# retriever's score over a floor; every candidate below it and the answer is "I don't know.")
+# that refuses the most of the kind of unanswerable question it refuses least, while
+# answerable dev accuracy stays within MAX_DEV_DROP of Self-RAG without refusal (the goal on
+# test is 5 points; the rest is margin). Retriever floors are read off the answerable dev
+# questions' best passage scores (these percentiles), since their scale is the index's.
 REFUSE_REL = (0.5, 0.7, 0.8, 0.9, 0.95, 0.97, 0.98, 0.99, 0.995, 0.998, 0.999)
 REFUSE_SUP = (0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99)
+REFUSE_RET_PERCENTILES = (1, 2, 5, 10, 15)
 MAX_DEV_DROP = 0.03
 
 
-def pick_refusal(bars: list[tuple[float, float, bool]], answerable: np.ndarray, refused: dict[str, np.ndarray],
+def pick_refusal(bars: list[tuple[float, float, bool, float]], answerable: np.ndarray, refused: dict[str, np.ndarray],
                  no_refusal: float, max_drop: float = MAX_DEV_DROP) -> int:
-    """Index of the bar to keep: among those whose answerable accuracy is within `max_drop` of
-    `no_refusal`, the highest refusal rate on the least-refused kind, then on average, then the
-    lower bar (fewer answers withheld), then one that consults IsSup. With none within reach,
-    the most accurate bar."""
+    """Index of the bar (rel, sup, issup, ret) to keep: among those whose answerable accuracy
+    is within `max_drop` of `no_refusal`, the highest refusal rate on the least-refused kind,
+    then on average, then the lower bars (fewer answers withheld), then one that consults
+    IsSup. With none within reach, the most accurate bar."""
     rates = np.stack(list(refused.values()))  # [kinds, bars]
     ok = np.flatnonzero(answerable >= no_refusal - max_drop - 1e-9)
     if not len(ok):
         return int(np.argmax(answerable))
     return int(max(ok, key=lambda i: (round(float(rates[:, i].min()), 6), round(float(rates[:, i].mean()), 6),
-                                      -bars[i][0], -bars[i][1], bars[i][2])))
+                                      -bars[i][0], -bars[i][1], -bars[i][3], bars[i][2])))
+
+
+def retriever_floors(cached, ndocs: int) -> list[float]:
+    """Retriever-score bars to try: no floor, and the REFUSE_RET_PERCENTILES of the answerable
+    questions' best scores among their first `ndocs` passages."""
+    from selfrag_jax.inference.candidates import Table
+
+    table = Table.from_arrays(cached.arrays, [[c["norm"] for c in q["candidates"]] for q in cached.questions])
+    best = [np.nanmax(table.ret_score[table.rows(q, ndocs)], initial=-np.inf) for q in range(table.n_questions)]
+    best = np.asarray(best, np.float64)
+    best = best[np.isfinite(best)]
+    floors = sorted({round(float(x), 4) for x in np.percentile(best, REFUSE_RET_PERCENTILES)}) if len(best) else []
+    return [float("-inf"), *floors]
 
 
 def choose_refusal(generator: Path, world: Path, index: Path, cache: Path, ndocs: int, n_answerable: int = 300,
@@ -87,10 +103,9 @@ def choose_refusal(generator: Path, world: Path, index: Path, cache: Path, ndocs
     the first `n_answerable` of world_qa_dev (or `answerable_cache`, a cache of them with both
     paths at a depth of at least `ndocs`: `choose_depth`'s) and every unanswerable kind's dev
     split (eval/unanswerable/*_dev.jsonl), each cached with both paths and swept at depth
-    `ndocs` over REFUSE_REL x REFUSE_SUP. An unanswerable question counts as refused when the
-    answer is the refusal, from the bar or written by the generator (its gold is set to that
-    message)."""
-    from selfrag_jax.evaluation import sweep as S
+    `ndocs` over REFUSE_REL x REFUSE_SUP (and IsRel alone) x `retriever_floors`. An
+    unanswerable question counts as refused when the answer is the refusal, from the bar or
+    written by the generator (its gold is set to that message)."""
     from selfrag_jax.inference.cache import load_cache, write_cache
     from selfrag_jax.inference.scoring import RefuseOptions
     from selfrag_jax.inference.selfrag import GenerateOptions, ShortForm
@@ -100,41 +115,54 @@ def choose_refusal(generator: Path, world: Path, index: Path, cache: Path, ndocs
     message = RefuseOptions().message
     runner = ShortForm(engine, tok, GenerateOptions(task="open", ndocs=ndocs, keep_both_paths=True),
                        Retriever.from_dir(index).retrieve)
-    # with IsSup consulted at each sup threshold, and IsRel alone (IsSup may not mean support)
-    bars = [(r, s, True) for r in REFUSE_REL for s in REFUSE_SUP] + [(r, 0.0, False) for r in REFUSE_REL]
-    configs = [S.Config(ndocs=ndocs, refuse="off")] + [
-        S.Config(ndocs=ndocs, refuse="on", refuse_rel_threshold=r, refuse_sup_threshold=s, refuse_issup=S.ON_OFF[not i])
-        for r, s, i in bars]
     sets = {"answerable": world / "eval" / "world_qa_dev.jsonl"}
     sets.update({p.name.removesuffix("_dev.jsonl"): p for p in sorted((world / "eval" / "unanswerable").glob("*_dev.jsonl"))})
     if len(sets) == 1:
         raise FileNotFoundError(f"{world / 'eval' / 'unanswerable'}: no *_dev.jsonl sets (a world built before them)")
-    metric, n = {}, {}
+    caches = {}
     for name, path in sets.items():
         if name == "answerable" and answerable_cache is not None:
-            cached = load_cache(answerable_cache)
-        else:
-            items = load_items(path, n_answerable if name == "answerable" else None)
-            if name != "answerable":  # counted as matched when the answer is the refusal
-                items = [dataclasses.replace(it, record={**it.record, "answers": [message]}) for it in items]
-            cached = write_cache(cache / name, run_batches(runner, items, batch_size, f"dev/refusal {name}"), runner.opts)
-        metric[name] = S.run_sweep(S.prepare(cached), configs).metric
-        n[name] = len(cached.questions)
+            caches[name] = load_cache(answerable_cache)
+            continue
+        items = load_items(path, n_answerable if name == "answerable" else None)
+        if name != "answerable":  # counted as matched when the answer is the refusal
+            items = [dataclasses.replace(it, record={**it.record, "answers": [message]}) for it in items]
+        caches[name] = write_cache(cache / name, run_batches(runner, items, batch_size, f"dev/refusal {name}"), runner.opts)
+    return pick_refusal_on(caches, ndocs, log)
+
+
+def pick_refusal_on(caches: dict[str, Any], ndocs: int, log=print) -> dict[str, Any]:
+    """`choose_refusal`'s choice over cached dev decodes: "answerable" and each unanswerable
+    kind (whose gold answer is the refusal message), swept at depth `ndocs`."""
+    from selfrag_jax.evaluation import sweep as S
+
+    # with IsSup consulted at each sup threshold, and IsRel alone (IsSup may not mean support)
+    bars = [(r, s, i, f) for f in retriever_floors(caches["answerable"], ndocs)
+            for r, s, i in [(r, s, True) for r in REFUSE_REL for s in REFUSE_SUP] + [(r, 0.0, False) for r in REFUSE_REL]]
+    configs = [S.Config(ndocs=ndocs, refuse="off")] + [
+        S.Config(ndocs=ndocs, refuse="on", refuse_rel_threshold=r, refuse_sup_threshold=s, refuse_issup=S.ON_OFF[not i],
+                 refuse_ret_threshold=f) for r, s, i, f in bars]
+    metric = {name: S.run_sweep(S.prepare(cached), configs).metric for name, cached in caches.items()}
+    n = {name: len(cached.questions) for name, cached in caches.items()}
     refused = {k: v[1:] for k, v in metric.items() if k != "answerable"}
     best = pick_refusal(bars, metric["answerable"][1:], refused, float(metric["answerable"][0]))
-    rel, sup, issup = bars[best]
+    rel, sup, issup, floor = bars[best]
     chosen = {"answerable": round(float(metric["answerable"][1 + best]), 4),
               **{k: round(float(v[best]), 4) for k, v in refused.items()}}
     log(f"[refusal] dev, no refusal: answerable {metric['answerable'][0]:.3f}, refused "
         + ", ".join(f"{k} {v[0]:.3f}" for k, v in metric.items() if k != "answerable")
-        + f"; bar rel > {rel}" + (f", sup > {sup}" if issup else ", IsSup not consulted") + ": "
+        + f"; bar rel > {rel}" + (f", sup > {sup}" if issup else ", IsSup not consulted")
+        + (f", retriever score > {floor}" if np.isfinite(floor) else "") + ": "
         + ", ".join(f"{k} {v:.3f}" for k, v in chosen.items()))
-    return {"rel_threshold": rel, "sup_threshold": sup, "issup": issup, "ndocs": ndocs, "max_dev_drop": MAX_DEV_DROP,
-            "dev": chosen, "dev_no_refusal": {k: round(float(v[0]), 4) for k, v in metric.items()}, "n": n,
-            "dev_grid": [{"rel": r, "sup": u, "issup": i, "answerable": round(float(metric["answerable"][1 + j]), 4),
+    finite = lambda f: float(f) if np.isfinite(f) else None  # noqa: E731  (JSON has no -inf: null)
+    return {"rel_threshold": rel, "sup_threshold": sup, "issup": issup, "ret_threshold": finite(floor), "ndocs": ndocs,
+            "max_dev_drop": MAX_DEV_DROP, "dev": chosen, "dev_no_refusal": {k: round(float(v[0]), 4) for k, v in metric.items()},
+            "n": n,
+            "dev_grid": [{"rel": r, "sup": u, "issup": i, "ret": finite(f),
+                          "answerable": round(float(metric["answerable"][1 + j]), 4),
                           "min_refused": round(float(min(v[j] for v in refused.values())), 4),
                           "mean_refused": round(float(np.mean([v[j] for v in refused.values()])), 4)}
-                         for j, (r, u, i) in enumerate(bars)]}
+                         for j, (r, u, i, f) in enumerate(bars)]}
 
 
 def load_engine(generator: Path, max_new_tokens: int = 24, mesh: str | None = None, dtype: str = "float32"):

@@ -59,6 +59,7 @@ class Config:
     refuse_rel_threshold: float = _REFUSE.rel_threshold
     refuse_sup_threshold: float = _REFUSE.sup_threshold
     refuse_issup: str = ON_OFF[not _REFUSE.issup]
+    refuse_ret_threshold: float = _REFUSE.ret_threshold
 
     def options(self, task: str = "open", refusal_message: str = _REFUSE.message) -> ChoiceOptions:
         """The `generate` options this configuration stands for."""
@@ -69,7 +70,7 @@ class Config:
                                hard=Hard(self.hard), w_ret=self.w_ret, ret_temperature=self.ret_temperature),
             refuse=RefuseOptions(enabled=self.refuse == "on", rel_threshold=self.refuse_rel_threshold,
                                  sup_threshold=self.refuse_sup_threshold, message=refusal_message,
-                                 issup=self.refuse_issup == "on"))
+                                 issup=self.refuse_issup == "on", ret_threshold=self.refuse_ret_threshold))
 
     def generate_flags(self) -> list[str]:
         flags = ["--mode", self.mode, "--threshold-rule", self.rule, "--threshold", repr(self.threshold),
@@ -77,7 +78,8 @@ class Config:
                  "--w-ret", repr(self.w_ret), "--ret-temperature", repr(self.ret_temperature),
                  "--refuse" if self.refuse == "on" else "--no-refuse",
                  "--refuse-rel-threshold", repr(self.refuse_rel_threshold),
-                 "--refuse-sup-threshold", repr(self.refuse_sup_threshold), "--refuse-issup", self.refuse_issup]
+                 "--refuse-sup-threshold", repr(self.refuse_sup_threshold), "--refuse-issup", self.refuse_issup,
+                 f"--refuse-ret-threshold={self.refuse_ret_threshold!r}"]
         flags += ["--ndocs", str(self.ndocs)] if self.ndocs else []
         flags += ["--no-seqscore"] if self.seqscore == "off" else []
         flags += ["--drop-no-support"] if Hard(self.hard).drops_no_support else []
@@ -246,11 +248,13 @@ def prior_table(prep: Prepared, configs: list[Config]) -> tuple[np.ndarray, np.n
 
 
 def bar_table(prep: Prepared, configs: list[Config]) -> tuple[np.ndarray, np.ndarray]:
-    """[B, Q, K] support bar of each distinct (rel, sup threshold, IsSup on), compared in float64."""
+    """[B, Q, K] support bar of each distinct (rel, sup threshold, IsSup on, retriever score bar),
+    compared in float64."""
     t, parts = prep.table, prep.parts
-    return _tabled(configs, lambda c: (c.refuse_rel_threshold, c.refuse_sup_threshold, c.refuse_issup), lambda k: t.padded(
-        scoring.passes_bar(parts["rel"], parts["sup"], t.sup_label,
-                           RefuseOptions(rel_threshold=k[0], sup_threshold=k[1], issup=k[2] == "on")), False))
+    key = lambda c: (c.refuse_rel_threshold, c.refuse_sup_threshold, c.refuse_issup, c.refuse_ret_threshold)  # noqa: E731
+    return _tabled(configs, key, lambda k: t.padded(scoring.passes_bar(
+        parts["rel"], parts["sup"], t.sup_label, t.ret_score,
+        RefuseOptions(rel_threshold=k[0], sup_threshold=k[1], issup=k[2] == "on", ret_threshold=k[3])), False))
 
 
 def check_depths(prep: Prepared, configs: list[Config]) -> None:

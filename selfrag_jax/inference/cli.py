@@ -88,6 +88,9 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--refuse-issup", choices=("on", "off"), default=None,
                    help="support bar: consult the generated IsSup (off: IsRel alone; default: as "
                         "--refuse-rel-threshold, else on)")
+    p.add_argument("--refuse-ret-threshold", type=float, default=None,
+                   help="support bar: the retriever's score of the passage above this (its scale is the index's; "
+                        "default: as --refuse-rel-threshold, else not consulted; give -inf as --refuse-ret-threshold=-inf)")
     p.add_argument("--crag-rel-threshold", type=float, default=CORRECTIVE.rel_threshold,
                    help="re-retrieve when every passage's rel is below this")
     p.add_argument("--retry-token-budget", type=int, default=CORRECTIVE.token_budget,
@@ -165,10 +168,11 @@ def options_from_args(args: argparse.Namespace, pipeline: str | None = None, ref
     refuse = args.refuse if refuse is None else refuse
     if refuse is None:
         refuse = pipeline == "selfrag" and not args.long_form and args.task in REFUSE_TASKS
-    rel_bar, sup_bar, issup = refusal_bar(args.model) or (REFUSE.rel_threshold, REFUSE.sup_threshold, REFUSE.issup)
-    rel_bar = rel_bar if args.refuse_rel_threshold is None else args.refuse_rel_threshold
-    sup_bar = sup_bar if args.refuse_sup_threshold is None else args.refuse_sup_threshold
-    issup = issup if args.refuse_issup is None else args.refuse_issup == "on"
+    bar = refusal_bar(args.model) or {}  # chosen on dev data; each flag given wins
+    given = {"rel_threshold": args.refuse_rel_threshold, "sup_threshold": args.refuse_sup_threshold,
+             "issup": None if args.refuse_issup is None else args.refuse_issup == "on",
+             "ret_threshold": args.refuse_ret_threshold}
+    bar.update({k: v for k, v in given.items() if v is not None})
     return GenerateOptions(
         task=args.task, ndocs=args.ndocs, pipeline=pipeline, trace=args.trace,
         keep_top=(args.keep_top if keep_top is None else keep_top) if pipeline == "selfrag" else 0,
@@ -177,8 +181,7 @@ def options_from_args(args: argparse.Namespace, pipeline: str | None = None, ref
         score=ScoreOptions(w_rel=args.w_rel, w_sup=args.w_sup, w_use=args.w_use, seqscore=not args.no_seqscore,
                            hard=Hard.of(args.drop_no_support, args.drop_irrelevant), w_ret=args.w_ret,
                            ret_temperature=args.ret_temperature),
-        refuse=RefuseOptions(enabled=bool(refuse), rel_threshold=rel_bar, sup_threshold=sup_bar, message=args.refusal_message,
-                             issup=issup),
+        refuse=RefuseOptions(enabled=bool(refuse), message=args.refusal_message, **bar),
         corrective=CorrectiveOptions(max_rounds=max_rounds or args.max_rounds, rel_threshold=args.crag_rel_threshold,
                                      token_budget=args.retry_token_budget, query=args.crag_query),
         beam_width=args.beam_width, max_depth=args.max_depth, static_passages=args.static_passages)

@@ -95,13 +95,18 @@ class RefuseOptions:
     """Honest refusal: answer only from a candidate that passes the support bar, else say
     `message`. The bar: the IsSup token the model chose is not `No support / Contradictory`,
     sup > `sup_threshold` and rel > `rel_threshold`; with `issup` off, rel > `rel_threshold`
-    alone (for a generator whose IsSup does not tell stated from unstated values)."""
+    alone (for a generator whose IsSup does not tell stated from unstated values). And the
+    retriever's score of the candidate's passage above `ret_threshold` (-inf: not consulted;
+    a passage given without a score passes): a question about something the corpus does not
+    hold finds only passages that score low, however relevant the model finds the closest
+    one. Its scale is the index's, so a bar is chosen on dev data for one index."""
 
     enabled: bool = False
     rel_threshold: float = 0.5
     sup_threshold: float = 0.5
     message: str = REFUSAL
     issup: bool = True
+    ret_threshold: float = float("-inf")
 
 
 # --- retrieval decision -----------------------------------------------------------------
@@ -177,21 +182,26 @@ def final_score(seq: np.ndarray, rel: np.ndarray, sup: np.ndarray, use: np.ndarr
                    opts.w_rel, opts.w_sup, opts.w_use, opts.w_ret)
 
 
-def passes_bar(rel: np.ndarray, sup: np.ndarray, sup_label: np.ndarray, opts: RefuseOptions) -> np.ndarray:
+def passes_bar(rel: np.ndarray, sup: np.ndarray, sup_label: np.ndarray, ret_score: np.ndarray,
+               opts: RefuseOptions) -> np.ndarray:
     """Bool per candidate: is its answer supported well enough to be given?"""
-    relevant = np.asarray(rel) > opts.rel_threshold
+    ret_score = np.asarray(ret_score, np.float64)
+    relevant = (np.asarray(rel) > opts.rel_threshold) & (np.isnan(ret_score) | (ret_score > opts.ret_threshold))
     if not opts.issup:
         return relevant
     sup_label = np.asarray(sup_label)
     return (sup_label >= 0) & (sup_label != NO_SUPPORT) & (np.asarray(sup) > opts.sup_threshold) & relevant
 
 
-def refusal_reason(rel: np.ndarray, sup: np.ndarray, sup_label: np.ndarray, opts: RefuseOptions) -> str:
+def refusal_reason(rel: np.ndarray, sup: np.ndarray, sup_label: np.ndarray, ret_score: np.ndarray,
+                   opts: RefuseOptions) -> str:
     """Why no candidate passed the bar, naming the first test that every candidate failed
-    (or, when each failed a different one, that no single candidate passed all three)."""
-    rel, sup, sup_label = np.asarray(rel), np.asarray(sup), np.asarray(sup_label)
+    (or, when each failed a different one, that no single candidate passed them all)."""
+    rel, sup, sup_label, ret = np.asarray(rel), np.asarray(sup), np.asarray(sup_label), np.asarray(ret_score, np.float64)
     if rel.size == 0:
         return "no passages were found"
+    if not (np.isnan(ret) | (ret > opts.ret_threshold)).any():
+        return f"every passage scored low by the retriever (max {np.nanmax(ret):.3f} <= {opts.ret_threshold})"
     if not (rel > opts.rel_threshold).any():
         return f"every passage judged irrelevant (max rel {rel.max():.3f} <= {opts.rel_threshold})"
     if not opts.issup:

@@ -3,13 +3,15 @@
 `decoding.json` sits in the models folder (beside `generator/` and `critic/`, as the bundled
 models and `make train-default` keep it) or in the generator's own folder. It holds what was
 chosen on held-out dev questions, never on the sets it is reported on: the retrieval depth
-(`ndocs`, the demo's) and the refusal bar (`refuse`: `rel_threshold`, `sup_threshold`, `issup`), which
+(`ndocs`, the demo's) and the refusal bar (`refuse`: `rel_threshold`, `sup_threshold`, `issup`,
+`ret_threshold`), which
 `generate`, `compare` and `serve` use whenever refusal is on and no bar is given.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +27,10 @@ def settings_file(model: str | Path) -> Path | None:
     return None
 
 
-def refusal_bar(model: str | Path) -> tuple[float, float, bool] | None:
-    """(rel_threshold, sup_threshold, issup) chosen for this generator on dev data, if any
-    (`issup` absent: on, the bar consults IsSup)."""
+def refusal_bar(model: str | Path) -> dict[str, Any] | None:
+    """The refusal bar chosen for this generator on dev data, if any, as `RefuseOptions`
+    fields: rel_threshold, sup_threshold, issup (absent: on, the bar consults IsSup) and
+    ret_threshold (absent or null: the retriever's scores are not consulted, -inf)."""
     path = settings_file(model)
     if path is None:
         return None
@@ -43,4 +46,8 @@ def refusal_bar(model: str | Path) -> tuple[float, float, bool] | None:
     issup = refuse.get("issup", True)
     if not isinstance(issup, bool):
         raise ValueError(f"{path}: 'refuse.issup' must be true or false, got {issup!r}")
-    return (*bar, issup)
+    ret = refuse.get("ret_threshold")
+    if ret is not None and (isinstance(ret, bool) or not isinstance(ret, (int, float)) or not math.isfinite(ret)):
+        raise ValueError(f"{path}: 'refuse.ret_threshold' must be a number or null, got {ret!r}")
+    return {"rel_threshold": bar[0], "sup_threshold": bar[1], "issup": issup,
+            "ret_threshold": float("-inf") if ret is None else float(ret)}
