@@ -260,7 +260,7 @@ def plot_refusal_tradeoff(dev: dict[str, Any], refused: dict[str, Any], answerab
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
     grid = dev["dev_grid"]
-    ax.scatter([100 * g["min_refused"] for g in grid], [100 * g["answerable"] for g in grid], s=10, color="0.6",
+    ax.scatter([100 * x for x in grid["min_refused"]], [100 * x for x in grid["answerable"]], s=10, color="0.6",
                label="a bar on dev (its worst kind)")
     ax.scatter([100 * min(v for k, v in dev["dev"].items() if k != "answerable")], [100 * dev["dev"]["answerable"]],
                s=80, facecolors="none", edgecolors="C0",

@@ -158,11 +158,12 @@ def pick_refusal_on(caches: dict[str, Any], ndocs: int, log=print) -> dict[str, 
     return {"rel_threshold": rel, "sup_threshold": sup, "issup": issup, "ret_threshold": finite(floor), "ndocs": ndocs,
             "max_dev_drop": MAX_DEV_DROP, "dev": chosen, "dev_no_refusal": {k: round(float(v[0]), 4) for k, v in metric.items()},
             "n": n,
-            "dev_grid": [{"rel": r, "sup": u, "issup": i, "ret": finite(f),
-                          "answerable": round(float(metric["answerable"][1 + j]), 4),
-                          "min_refused": round(float(min(v[j] for v in refused.values())), 4),
-                          "mean_refused": round(float(np.mean([v[j] for v in refused.values()])), 4)}
-                         for j, (r, u, i, f) in enumerate(bars)]}
+            # every bar tried, as columns (several hundred bars: a list of rows would fill the file)
+            "dev_grid": {"rel": [b[0] for b in bars], "sup": [b[1] for b in bars], "issup": [b[2] for b in bars],
+                         "ret": [finite(b[3]) for b in bars],
+                         "answerable": [round(float(x), 4) for x in metric["answerable"][1:]],
+                         "min_refused": [round(float(x), 4) for x in np.min(list(refused.values()), axis=0)],
+                         "mean_refused": [round(float(x), 4) for x in np.mean(list(refused.values()), axis=0)]}}
 
 
 def load_engine(generator: Path, max_new_tokens: int = 24, mesh: str | None = None, dtype: str = "float32"):
