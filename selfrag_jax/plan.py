@@ -301,7 +301,8 @@ def plan_decode(cfg, model_config, target: Target, batch: int, margin: float) ->
     from flax import linen as nn
 
     from selfrag_jax import sharding
-    from selfrag_jax.models.llama import CACHE_LOGICAL, KVCache, Llama, abstract_params, param_shardings
+    from selfrag_jax.inference.engine import Placement
+    from selfrag_jax.models.llama import Llama, abstract_params, param_shardings
 
     mesh = sharding.make_mesh(cfg.mesh, target_devices(target))
     rules = sharding.rules_from_config(cfg.rules)
@@ -311,14 +312,10 @@ def plan_decode(cfg, model_config, target: Target, batch: int, margin: float) ->
     model_config = model_config.replace(scan_layers=False)  # the layout decoding runs
     params, _ = abstract_params(model_config)
     pshard = param_shardings(model_config, mesh, rules)
-    cache_shard = (sharding.logical_sharding(mesh, CACHE_LOGICAL, rules),) * model_config.num_layers
-    row_shard = sharding.logical_sharding(mesh, ("cache_batch",), rules)
-    c = model_config
-    kv = tuple(jax.ShapeDtypeStruct(_kv_shape(c, batch, cfg.data.seq_len), jnp.dtype(c.dtype), sharding=s)
-               for s in cache_shard)
-    cache = KVCache(kv, kv, jax.ShapeDtypeStruct((batch,), jnp.int32, sharding=row_shard))
+    cache_shardings = Placement(mesh, rules).cache(model_config.num_layers)
+    row_shard = cache_shardings.end
+    cache = _abstract_cache(model_config, batch, cfg.data.seq_len, cache_shardings)
     token = jax.ShapeDtypeStruct((batch,), jnp.int32, sharding=row_shard)
-    cache_shardings = KVCache(cache_shard, cache_shard, row_shard)
     model = Llama(model_config)
 
     def step(params, token, cache):
@@ -329,7 +326,7 @@ def plan_decode(cfg, model_config, target: Target, batch: int, margin: float) ->
     fn = jax.jit(step, in_shardings=(pshard, row_shard, cache_shardings), out_shardings=(row_shard, cache_shardings),
                  donate_argnums=(2,))
     mem = Memory(parameters=_shard_bytes(params, pshard), hbm=target.chip.hbm_bytes,
-                 kv_cache=2 * _shard_bytes(kv, cache_shard))
+                 kv_cache=2 * _shard_bytes(cache.k, cache_shardings.k))
 
     def lower():
         with jax.set_mesh(mesh):
@@ -506,6 +503,18 @@ def _kv_shape(config, rows: int, length: int) -> tuple[int, ...]:
     return rows, config.num_kv_heads, length, config.head_dim
 
 
+def _abstract_cache(config, rows: int, length: int, shardings):
+    """An abstract KVCache of `rows` x `length` slots placed by `shardings` (`Placement.cache`)."""
+    import jax
+    import jax.numpy as jnp
+
+    from selfrag_jax.models.llama import KVCache
+
+    kv = tuple(jax.ShapeDtypeStruct(_kv_shape(config, rows, length), jnp.dtype(config.dtype), sharding=s)
+               for s in shardings.k)
+    return KVCache(kv, kv, jax.ShapeDtypeStruct((rows,), jnp.int32, sharding=shardings.end))
+
+
 def _kv_bytes(config, rows: int, length: int) -> int:
     """Keys and values of a KV cache, all chips together."""
     import jax.numpy as jnp
@@ -521,7 +530,7 @@ def plan_serve_programs(serve: ServeConfig, model_config, target: Target, margin
 
     from selfrag_jax import sharding
     from selfrag_jax.inference.engine import ControlIds, Engine, Placement
-    from selfrag_jax.models.llama import KVCache, abstract_params
+    from selfrag_jax.models.llama import abstract_params
 
     placement = Placement(sharding.make_mesh(serve.mesh, target_devices(target)))
     model_config = model_config.replace(scan_layers=False)  # the layout decoding runs
@@ -539,15 +548,11 @@ def plan_serve_programs(serve: ServeConfig, model_config, target: Target, margin
     cr, cl, kr, sl = shapes["context_rows"], shapes["context_len"], shapes["candidate_rows"], shapes["suffix_len"]
 
     cache_s = placement.cache(model_config.num_layers)
-
-    def kv(rows, length):
-        return tuple(jax.ShapeDtypeStruct(_kv_shape(model_config, rows, length), jnp.dtype(model_config.dtype),
-                                          sharding=s) for s in cache_s.k)
-
-    ctx_cache = KVCache(kv(cr, cl), kv(cr, cl), jax.ShapeDtypeStruct((cr,), jnp.int32, sharding=cache_s.end))
+    ctx_cache = _abstract_cache(model_config, cr, cl, cache_s)
+    cand_cache = _abstract_cache(model_config, kr, cl + sl + serve.max_new_tokens, cache_s)
     param_bytes = _shard_bytes(abstract, pshard)
-    ctx_kv = 2 * _shard_bytes(kv(cr, cl), cache_s.k)  # per chip, as the rules split it
-    cand_kv = 2 * _shard_bytes(kv(kr, cl + sl + serve.max_new_tokens), cache_s.k)
+    ctx_kv = 2 * _shard_bytes(ctx_cache.k, cache_s.k)  # per chip, as the rules split it
+    cand_kv = 2 * _shard_bytes(cand_cache.k, cache_s.k)
     programs = {}
     for name, lower in (("prefill", lambda: engine._prefill.lower(params, arg(cr, cl), arg(cr))),
                         ("decode", lambda: engine._decode.lower(params, ctx_cache, arg(kr), arg(kr, sl), arg(kr), arg(kr)))):

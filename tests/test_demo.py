@@ -403,7 +403,7 @@ def test_pick_refusal_keeps_accuracy_then_raises_the_least_refused_kind():
     assert pick_refusal(bars, answerable - 0.5, refused, no_refusal=0.9) == 0
     # equal rates: no retriever floor before one
     floors = [(0.9, 0.5, True, 0.6), (0.9, 0.5, True, inf)]
-    assert pick_refusal(floors, answerable[:2] * 0 + 0.9, {"a": np.array([0.5, 0.5])}, no_refusal=0.9) == 1
+    assert pick_refusal(floors, np.array([0.9, 0.9]), {"a": np.array([0.5, 0.5])}, no_refusal=0.9) == 1
 
 
 def test_continue_budget_trains_the_shipped_models_again_without_a_base(tmp_path):

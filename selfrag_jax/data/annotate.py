@@ -105,11 +105,14 @@ class Critic:
         import jax.numpy as jnp
 
         from selfrag_jax.inference.decode import greedy_generate, pad_batch
+        from selfrag_jax.models.params import for_decoding
         from selfrag_jax.utils import progress
 
+        # decoding runs unscanned layers: a scanned checkpoint is split here, not in every batch's program
+        params, config = for_decoding(self.params, self.config)
         tok = self.tokenizer
         encoded = [([tok.bos_id] if tok.bos_id is not None else []) + tok.encode_text(p) for p in prompts]
-        limit = self.config.max_position_embeddings - self.max_new_tokens
+        limit = config.max_position_embeddings - self.max_new_tokens
         encoded = [e[-limit:] for e in encoded]  # keep the end: the output and evidence sit there
         order = np.argsort([len(e) for e in encoded], kind="stable")
         out: list[str] = [""] * len(prompts)
@@ -120,7 +123,7 @@ class Critic:
             width = -(-max(len(b) for b in batch) // 64) * 64  # length buckets of 64: few programs
             batch += [[tok.pad_id]] * (self.batch_size - len(batch))  # fixed row count
             ids, lengths = pad_batch(batch, tok.pad_id, width)
-            gen, counts = greedy_generate(self.params, self.config, ids, lengths, self.max_new_tokens, stop,
+            gen, counts = greedy_generate(params, config, ids, lengths, self.max_new_tokens, stop,
                                           pad_id=tok.pad_id)
             gen, counts = np.asarray(gen), np.asarray(counts)
             for j, i in enumerate(rows):

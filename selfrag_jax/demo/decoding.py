@@ -84,12 +84,9 @@ def pick_refusal(bars: list[tuple[float, float, bool, float]], answerable: np.nd
                                       -bars[i][0], -bars[i][1], -bars[i][3], bars[i][2])))
 
 
-def retriever_floors(cached, ndocs: int) -> list[float]:
+def retriever_floors(table, ndocs: int) -> list[float]:
     """Retriever-score bars to try: no floor, and the REFUSE_RET_PERCENTILES of the answerable
-    questions' best scores among their first `ndocs` passages."""
-    from selfrag_jax.inference.candidates import Table
-
-    table = Table.from_arrays(cached.arrays, [[c["norm"] for c in q["candidates"]] for q in cached.questions])
+    questions' best scores among their first `ndocs` passages (`table`: their candidates)."""
     best = [np.nanmax(table.ret_score[table.rows(q, ndocs)], initial=-np.inf) for q in range(table.n_questions)]
     best = np.asarray(best, np.float64)
     best = best[np.isfinite(best)]
@@ -137,12 +134,13 @@ def pick_refusal_on(caches: dict[str, Any], ndocs: int, log=print) -> dict[str, 
     from selfrag_jax.evaluation import sweep as S
 
     # with IsSup consulted at each sup threshold, and IsRel alone (IsSup may not mean support)
-    bars = [(r, s, i, f) for f in retriever_floors(caches["answerable"], ndocs)
+    prepared = {name: S.prepare(cached) for name, cached in caches.items()}
+    bars = [(r, s, i, f) for f in retriever_floors(prepared["answerable"].table, ndocs)
             for r, s, i in [(r, s, True) for r in REFUSE_REL for s in REFUSE_SUP] + [(r, 0.0, False) for r in REFUSE_REL]]
     configs = [S.Config(ndocs=ndocs, refuse="off")] + [
         S.Config(ndocs=ndocs, refuse="on", refuse_rel_threshold=r, refuse_sup_threshold=s, refuse_issup=S.ON_OFF[not i],
                  refuse_ret_threshold=f) for r, s, i, f in bars]
-    metric = {name: S.run_sweep(S.prepare(cached), configs).metric for name, cached in caches.items()}
+    metric = {name: S.run_sweep(prep, configs).metric for name, prep in prepared.items()}
     n = {name: len(cached.questions) for name, cached in caches.items()}
     refused = {k: v[1:] for k, v in metric.items() if k != "answerable"}
     best = pick_refusal(bars, metric["answerable"][1:], refused, float(metric["answerable"][0]))

@@ -20,12 +20,12 @@ def stack_layers(params: dict[str, Any], num_layers: int) -> dict[str, Any]:
 
 
 def unstack_layers(params: dict[str, Any], num_layers: int) -> dict[str, Any]:
-    """Inverse of `stack_layers`."""
+    """Inverse of `stack_layers`; each layer stays where its stack was (host or device)."""
     import jax
 
     out = {k: v for k, v in params.items() if k != "layers"}
     for i in range(num_layers):
-        out[f"layers_{i}"] = jax.tree.map(lambda x: np.asarray(x[i]), params["layers"])
+        out[f"layers_{i}"] = jax.tree.map(lambda x: x[i], params["layers"])
     return out
 
 
@@ -48,11 +48,9 @@ def for_decoding(params: dict[str, Any], config: LlamaConfig, shardings=None) ->
         return params, config
     import jax
 
-    out = {k: v for k, v in params.items() if k != "layers"}
-    for i in range(config.num_layers):
-        out[f"layers_{i}"] = jax.tree.map(lambda x: x[i], params["layers"])
     config = config.replace(scan_layers=False)
-    return (out if shardings is None else jax.device_put(out, shardings(config))), config
+    params = to_layout(params, config)
+    return (params if shardings is None else jax.device_put(params, shardings(config))), config
 
 
 def resize_vocab(params: dict[str, Any], config: LlamaConfig, new_vocab: int, method: str = "mean",
