@@ -152,6 +152,26 @@ def test_unsupported_weight(tok):
         MaskConfig(unsupported_weight=1.5)
 
 
+def test_unhelpful_weight(tok):
+    """An output rated [Utility:1] or [Utility:2]: the text of its relevant segments is weighed by
+    unhelpful_weight, an irrelevant segment's text and every reflection token stay trained; an
+    output rated [Utility:5] is untouched."""
+    def segments(utility):
+        return [("[Retrieval]", 1), ("<paragraph>", 1), (P1, 0), ("</paragraph>", 1), ("[Relevant]", 1), ("1895", None),
+                ("[Fully supported]", 1), ("[Retrieval]", 1), ("<paragraph>", 1), (P2, 0), ("</paragraph>", 1),
+                ("[Irrelevant]", 1), ("Paris", 1), (utility, 1)]
+    prompt = T.format_prompt("Where was Alice born?")
+    for utility in ("[Utility:1]", "[Utility:2]", "[Utility:5]"):
+        out = "".join(x for x, _ in segments(utility)[:2]) + P1 + "".join(x for x, _ in segments(utility)[3:9]) + P2 + \
+            "".join(x for x, _ in segments(utility)[10:])
+        for weight in (0.0, 0.5):
+            low = weight if utility != "[Utility:5]" else 1
+            ids, w = expected(tok, prompt, [(x, low if v is None else v) for x, v in segments(utility)])
+            check(encode_record(rec(out), "generator", tok, MaskConfig(unhelpful_weight=weight)), ids, w)
+    with pytest.raises(ValueError, match="unhelpful_weight"):
+        MaskConfig(unhelpful_weight=-0.1)
+
+
 def test_markers_in_untrusted_text_are_not_markers(tok):
     r = rec("[No Retrieval]ok[Utility:5]", "Say <paragraph> and </paragraph> and [Relevant]", "</paragraph>")
     ex = encode_record(r, "generator", tok, MaskConfig())

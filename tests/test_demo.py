@@ -339,10 +339,12 @@ def test_critic_agreement_scores_a_reading_critic_by_its_line(monkeypatch):
     assert out["issup"] != own
 
 
-def test_annotate_stage_keeps_contrast_pairs_only_where_the_critic_rates_them_unsupported(tmp_path, monkeypatch):
-    """The annotate stage adds contrast pairs (another question's value) to the raw pairs; a
-    scripted critic rates half of all IsSup inputs unsupported: every contrast pair kept has a
-    [No support / Contradictory] segment, every raw pair is kept, and the report counts both."""
+def test_annotate_stage_keeps_contrast_pairs_only_where_the_critic_rates_them_down(tmp_path, monkeypatch):
+    """The annotate stage adds contrast pairs (another question's value) and kind contrast pairs
+    (the person's other attribute) to the raw pairs; a scripted critic rates half of all IsSup
+    inputs unsupported and half of all IsUse inputs [Utility:2]: every contrast pair kept has a
+    [No support / Contradictory] segment, every kind pair kept is rated [Utility:2] and answers
+    with another of its person's values, every raw pair is kept, and the report counts them."""
     import zlib
 
     import selfrag_jax.models.checkpoint as checkpoint
@@ -351,7 +353,7 @@ def test_annotate_stage_keeps_contrast_pairs_only_where_the_critic_rates_them_un
     from selfrag_jax.data.annotate import Critic
     from selfrag_jax.demo import pipeline
     from selfrag_jax.world import WorldConfig, build_world, parse_output, read_jsonl
-    from selfrag_jax.world.generator_data import CONTRAST_SUFFIX
+    from selfrag_jax.world.generator_data import CONTRAST_SUFFIX, KIND_SUFFIX
     from selfrag_jax.world.pretrain import PretrainConfig
 
     build_world(str(tmp_path / "world"), config=WorldConfig(  # test_world's small world, fewer raw pairs
@@ -370,7 +372,9 @@ def test_annotate_stage_keeps_contrast_pairs_only_where_the_critic_rates_them_un
         def one(p):
             if "Does the evidence support" in p:
                 return T.NO_SUPPORT if zlib.crc32(p.encode()) % 2 else T.FULLY_SUPPORTED
-            return T.RELEVANT if "Is the evidence about" in p else "[Utility:5]" if "Rate how well" in p else T.RETRIEVAL
+            if "Rate how well" in p:
+                return "[Utility:2]" if zlib.crc32(p.encode()) % 2 else "[Utility:5]"
+            return T.RELEVANT if "Is the evidence about" in p else T.RETRIEVAL
         return [one(p) for p in prompts]
 
     monkeypatch.setattr(checkpoint, "load_model", lambda path: (None, None, None, None))
@@ -382,8 +386,17 @@ def test_annotate_stage_keeps_contrast_pairs_only_where_the_critic_rates_them_un
     contrast = [r for r in out if r["id"].endswith(CONTRAST_SUFFIX)]
     unsupported = [any(s.issup == T.NO_SUPPORT for s in parse_output(r["output"]).segments) for r in contrast]
     assert contrast and all(unsupported)
-    made = sum(r["contrast"]["made"] for r in report.values())
-    assert len(out) == 200 + len(contrast) and made > len(contrast) == sum(r["contrast"]["kept"] for r in report.values())
+    kinds = [r for r in out if r["id"].endswith(KIND_SUFFIX)]
+    metas = {m["id"]: m for raw in ("raw", "practice_raw") for m in read_jsonl(str(tmp_path / "world" / "train" / f"{raw}_meta.jsonl"))}
+    assert kinds and all(parse_output(r["output"]).utility == "[Utility:2]" for r in kinds)
+    for r in kinds:
+        meta = metas[r["id"][:-len(KIND_SUFFIX)]]
+        assert parse_output(r["output"]).segments[0].text in meta["other_values"].values()
+        assert meta["answers"][0] not in meta["other_values"].values()
+    assert len(out) == 200 + len(contrast) + len(kinds)
+    for name, kept in (("contrast", contrast), ("kind_contrast", kinds)):
+        made = sum(r[name]["made"] for r in report.values())
+        assert made > len(kept) == sum(r[name]["kept"] for r in report.values())
 
 
 def test_pick_refusal_keeps_accuracy_then_raises_the_least_refused_kind():

@@ -228,6 +228,40 @@ def test_contrast_pairs_give_each_chosen_question_another_value_of_its_attribute
     assert contrast_pairs(records, metas, 0.5, seed=1) == pairs and not contrast_pairs(records, metas, 0.0)
 
 
+def test_kind_contrast_pairs_answer_with_another_attribute_of_the_same_person(built):
+    from selfrag_jax.world.generator_data import KIND_SUFFIX, kind_contrast_pairs
+    from selfrag_jax.world.kb import ATTRIBUTES
+
+    out, _ = built
+    records, metas = load(out, "train/raw.jsonl"), load(out, "train/raw_meta.jsonl")
+    people = {e["id"]: e for e in load(out, "entities.jsonl")}
+    pairs = kind_contrast_pairs(records, metas, 0.5)
+    qa = {m["id"]: m for m in metas if m["kind"] == "qa"}
+    assert 0.35 * len(qa) < len(pairs) < 0.65 * len(qa)
+    for p in pairs:
+        meta = qa[p["id"].removesuffix(KIND_SUFFIX)]
+        person = people[meta["entity_ids"][0]]
+        asked = meta["attributes"][0]
+        assert p["output"] in {person[a] for a in ATTRIBUTES if a != asked} and p["output"] != person[asked]
+    assert kind_contrast_pairs(records, metas, 0.5) == pairs and not kind_contrast_pairs(records, metas, 0.0)
+
+
+def test_isuse_rates_a_bare_value_by_its_kind_as_often_helpful_as_not():
+    """Bare values answering one question: [Utility:5] when of the asked kind, [Utility:2] when
+    another, in about equal numbers (a majority label is what a small critic learns instead;
+    [Utility:3] is half of a two-part answer)."""
+    from selfrag_jax.world.critic_data import make_critic_records
+    from selfrag_jax.world.kb import ATTRIBUTES
+
+    world = make_world(seed=3, n_people=400, n_ghosts=80)
+    values = {v: a for a in ATTRIBUTES for v in world.values(a)}
+    counts = collections.Counter()
+    for r in make_critic_records(world, 500, seed=2):
+        if r["dataset_name"] == "critic_isuse" and r["input"].rsplit("\nOutput: ", 1)[1] in values:
+            counts[r["output"]] += 1
+    assert set(counts) == {"[Utility:2]", "[Utility:3]", "[Utility:5]"} and 0.8 < counts["[Utility:2]"] / counts["[Utility:5]"] < 1.25, counts
+
+
 def test_unanswerable_kinds_have_disjoint_dev_and_test_and_no_passage_answers_them(built):
     from selfrag_jax.world.unanswerable import KINDS, SPLITS
 

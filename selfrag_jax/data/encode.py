@@ -12,6 +12,9 @@ also has to model them (used by the embedded default's training). `unsupported_w
 (beyond the paper) weighs the text of a segment the annotation rates `[No support /
 Contradictory]`: its IsSup token is learned, the unsupported answer less or not at all, so
 contrast examples (a wrong value against a passage) teach IsSup without teaching the value.
+`unhelpful_weight` < 1 does the same for an output rated `[Utility:1]` or `[Utility:2]`: the
+text of its relevant segments (an answer to another question, found in the passage) is weighed
+down, its IsSup and Utility tokens are learned.
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ class MaskConfig:
       emits it; "tokens" encodes it as the reflection token's id.
     unsupported_weight: weight of a segment's text between `[Relevant]` and `[No support /
       Contradictory]` (1.0 = the paper).
+    unhelpful_weight: weight of the text after each `[Relevant]` of an output that ends
+      `[Utility:1]` or `[Utility:2]` (1.0 = the paper).
     """
 
     masking: Literal["paper", "released"] = "paper"
@@ -44,6 +49,7 @@ class MaskConfig:
     passage_loss_weight: float = 0.0
     critic_labels: Literal["text", "tokens"] = "text"
     unsupported_weight: float = 1.0
+    unhelpful_weight: float = 1.0
 
     def __post_init__(self) -> None:
         if self.masking not in ("paper", "released"):
@@ -52,8 +58,9 @@ class MaskConfig:
             raise ValueError(f"critic_labels must be 'text' or 'tokens', got {self.critic_labels!r}")
         if not 0.0 <= self.passage_loss_weight <= 1.0:
             raise ValueError(f"passage_loss_weight must be in [0, 1], got {self.passage_loss_weight}")
-        if not 0.0 <= self.unsupported_weight <= 1.0:
-            raise ValueError(f"unsupported_weight must be in [0, 1], got {self.unsupported_weight}")
+        for name in ("unsupported_weight", "unhelpful_weight"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
 
 
 class Example(NamedTuple):
@@ -76,11 +83,14 @@ class SpecialIds:
     close: int
     relevant: int
     no_support: int
+    issup: tuple[int, ...]  # the IsSup group
+    low_utility: tuple[int, ...]  # [Utility:1], [Utility:2]
 
     @classmethod
     def of(cls, tok) -> "SpecialIds":
         return cls(tok.bos_id, tok.eos_id, tok.control_id(T.PARAGRAPH_OPEN), tok.control_id(T.PARAGRAPH_CLOSE),
-                   tok.control_id(T.RELEVANT), tok.control_id(T.NO_SUPPORT))
+                   tok.control_id(T.RELEVANT), tok.control_id(T.NO_SUPPORT),
+                   tuple(map(tok.control_id, T.ISSUP_GROUP)), tuple(map(tok.control_id, T.ISUSE_GROUP[:2])))
 
 
 def generator_texts(record: dict) -> tuple[str, str]:
@@ -136,6 +146,21 @@ def unsupported_text(tokens: np.ndarray, ids: SpecialIds) -> np.ndarray:
     return out
 
 
+def unhelpful_text(tokens: np.ndarray, ids: SpecialIds) -> np.ndarray:
+    """Boolean mask of the text strictly between each `[Relevant]` and the IsSup token that
+    closes its segment, in a sequence holding `[Utility:1]` or `[Utility:2]`: the answers an
+    output rated unhelpful gives from passages it found relevant."""
+    out = np.zeros(len(tokens), bool)
+    if not np.isin(tokens, ids.low_utility).any():
+        return out
+    relevant = np.flatnonzero(tokens == ids.relevant)
+    for end in np.flatnonzero(np.isin(tokens, ids.issup)):
+        before = relevant[relevant < end]
+        if len(before):
+            out[before[-1] + 1:end] = True
+    return out
+
+
 def assemble(prompt: list[int] | np.ndarray, target: list[int] | np.ndarray, kind: str, ids: SpecialIds,
              cfg: MaskConfig, max_tokens: int | None = None) -> Example:
     """`[BOS] prompt target [EOS]`, truncated to `max_tokens`, with its loss weights."""
@@ -157,6 +182,10 @@ def assemble(prompt: list[int] | np.ndarray, target: list[int] | np.ndarray, kin
             unsupported = unsupported_text(tokens, ids)
             unsupported[:prompt_len] = False
             weights[unsupported] = cfg.unsupported_weight
+        if cfg.unhelpful_weight != 1.0:
+            unhelpful = unhelpful_text(tokens, ids)
+            unhelpful[:prompt_len] = False
+            weights[unhelpful] = cfg.unhelpful_weight
     return Example(tokens, weights, truncated)
 
 

@@ -43,6 +43,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--critic-labels", choices=("text", "tokens"), default="text")
     parser.add_argument("--unsupported-weight", type=float, default=1.0,
                         help="weight of text rated [No support / Contradictory] (paper: 1)")
+    parser.add_argument("--unhelpful-weight", type=float, default=1.0,
+                        help="weight of a relevant segment's text in an output rated [Utility:1] or [Utility:2] (paper: 1)")
     parser.add_argument("--max-tokens", type=int, default=2049, help="truncate examples to this many tokens")
     parser.add_argument("--tokenizer", default=None, help="tokenizer folder (default: the bundled generator's, the world's tokenizer)")
     parser.add_argument("-n", type=int, default=3, help="number of examples")
@@ -79,7 +81,7 @@ def run(args) -> int:
     try:
         mask = MaskConfig(masking=args.masking, prompt_off_by_one=args.prompt_off_by_one,
                           passage_loss_weight=args.passage_loss_weight, critic_labels=args.critic_labels,
-                          unsupported_weight=args.unsupported_weight)
+                          unsupported_weight=args.unsupported_weight, unhelpful_weight=args.unhelpful_weight)
     except ValueError as err:
         raise CLIError(str(err)) from None
     tok = load_tokenizer(args.tokenizer)

@@ -29,7 +29,7 @@ from pathlib import Path
 from selfrag_jax.bundled import ASSETS
 from selfrag_jax.demo.decoding import choose_depth
 from selfrag_jax.inference.settings import SETTINGS_FILE
-from selfrag_jax.tokens import NO_SUPPORT
+from selfrag_jax.tokens import ISUSE_GROUP, NO_SUPPORT
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "default"
 
@@ -67,8 +67,11 @@ BUDGETS = {
 MIN_BASE_READING = 0.9
 
 # Share of the raw single-attribute questions also annotated with another question's value,
-# so the generator sees values its passage does not state rated unsupported (issup_calibration).
+# so the generator sees values its passage does not state rated unsupported (issup_calibration);
+# and share also answered with the same person's other attribute, so it sees an answer to
+# another question rated unhelpful (docs/experiments/default-models.md, "v13").
 CONTRAST_SHARE = 0.3
+KIND_CONTRAST_SHARE = 0.3
 
 
 @dataclass
@@ -177,13 +180,18 @@ class Stages:
         from selfrag_jax.models.checkpoint import load_model
         from selfrag_jax.retrieval.retriever import Retriever
         from selfrag_jax.world import read_jsonl
-        from selfrag_jax.world.generator_data import CONTRAST_SUFFIX, contrast_pairs, parse_output
+        from selfrag_jax.world.generator_data import (
+            CONTRAST_SUFFIX, KIND_SUFFIX, contrast_pairs, kind_contrast_pairs, parse_output)
 
         def keep(record: dict) -> bool:
             """A contrast pair teaches IsSup only where the critic rated its value unsupported
-            against a relevant passage; elsewhere it would teach the wrong value."""
-            return not record["id"].endswith(CONTRAST_SUFFIX) or any(
-                s.issup == NO_SUPPORT for s in parse_output(record["output"]).segments)
+            against a relevant passage, a kind contrast pair IsUse only where the critic rated it
+            unhelpful; elsewhere either would teach the wrong value."""
+            if record["id"].endswith(CONTRAST_SUFFIX):
+                return any(s.issup == NO_SUPPORT for s in parse_output(record["output"]).segments)
+            if record["id"].endswith(KIND_SUFFIX):
+                return parse_output(record["output"]).utility in ISUSE_GROUP[:2]
+            return True
 
         config, params, tok, _ = load_model(self.critic_dir)
         critic, out, reports = Critic(params, config, tok), [], {}
@@ -191,9 +199,11 @@ class Stages:
             records = read_pairs(str(self.out / "world" / "train" / raw))
             metas = read_jsonl(str(self.out / "world" / "train" / raw.replace(".jsonl", "_meta.jsonl")))
             contrast = contrast_pairs(records, metas, CONTRAST_SHARE)
-            annotated, reports[raw] = annotate(records + contrast, critic, Retriever.from_dir(self.out / index))
+            kinds = kind_contrast_pairs(records, metas, KIND_CONTRAST_SHARE)
+            annotated, reports[raw] = annotate(records + contrast + kinds, critic, Retriever.from_dir(self.out / index))
             kept = [r for r in annotated if keep(r)]
-            reports[raw]["contrast"] = {"made": len(contrast), "kept": len(kept) - len(records)}
+            for name, made, suffix in (("contrast", contrast, CONTRAST_SUFFIX), ("kind_contrast", kinds, KIND_SUFFIX)):
+                reports[raw][name] = {"made": len(made), "kept": sum(r["id"].endswith(suffix) for r in kept)}
             out += kept
         tmp = self.out / "annotated.jsonl.tmp"
         with open(tmp, "w") as f:

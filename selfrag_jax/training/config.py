@@ -39,6 +39,7 @@ class DataSection:
     prompt_off_by_one: bool = False
     passage_loss_weight: float = 0.0
     unsupported_weight: float = 1.0  # weight of text the annotation rates [No support / Contradictory]
+    unhelpful_weight: float = 1.0  # weight of a relevant segment's text in an output rated [Utility:1] or [Utility:2]
     seq_len: int = 512
     packing: bool = True
     seed: int = 0

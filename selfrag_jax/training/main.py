@@ -49,7 +49,8 @@ def make_data(cfg, tokenizer, model_config, split: str = "train"):
         for i, path in enumerate(d.critic_files):
             tasks.extend(D.critic_tasks(path, rate=rates.get("critic", 1.0), prefix=f"critic{i}", type_rates=rates))
     mask = D.MaskConfig(masking=d.masking, prompt_off_by_one=d.prompt_off_by_one,
-                        passage_loss_weight=d.passage_loss_weight, unsupported_weight=d.unsupported_weight)
+                        passage_loss_weight=d.passage_loss_weight, unsupported_weight=d.unsupported_weight,
+                        unhelpful_weight=d.unhelpful_weight)
     data_cfg = D.DataConfig(tasks=tuple(tasks), batch_size=cfg.global_batch_size // jax.process_count(),
                             seq_len=d.seq_len, pack=d.packing, seed=d.seed + (split != "train"), mask=mask)
     stream = D.batches(data_cfg, tokenizer, backend="numpy" if d.backend == "auto" else d.backend)

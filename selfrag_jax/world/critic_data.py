@@ -28,7 +28,7 @@ from ..tokens import (
 )
 from .core import World
 from .generator_data import lookalike_passage
-from .kb import Person, article
+from .kb import ATTRIBUTES, Person, article
 from .passages import WorldPassage
 from .tasks import REFUSAL, TaskMaker, claim_text
 
@@ -180,9 +180,12 @@ class CriticMaker:
     def isuse(self, label: str) -> str:
         t, r, w = self.tasks, self.rng, self.world
         k = ISUSE_GROUP.index(label) + 1
+        # A bare value answering one question is as often [Utility:5] (the asked kind of fact) as
+        # [Utility:2] (another kind): with most bare values rated 2, a small critic rated every
+        # answer 2 and IsUse told generators nothing (docs/experiments/default-models.md, "v13").
         if k == 5:
             choice = r.random()
-            if choice < 0.4:
+            if choice < 0.8:
                 task = t.qa()
                 p = self._subject(task)
                 out = task.answer if r.random() < 0.7 else t.wrong_values(p, task.attributes[0], 1)[0]
@@ -201,10 +204,10 @@ class CriticMaker:
             task = t.longform()
             return isuse_input(task.instruction, r.choice(task.sentences).text)
         if k == 2:  # the right person, the wrong kind of fact
-            task = t.qa()
+            task = t.qa() if r.random() < 0.8 else t.pair_qa()
             p = self._subject(task)
-            other = r.choice([a for a in ("birthplace", "birth_year", "occupation", "employer", "instrument") if a != task.attributes[0]])
-            return isuse_input(task.instruction, p.value(other))
+            others = r.sample([a for a in ATTRIBUTES if a not in task.attributes], len(task.attributes))
+            return isuse_input(task.instruction, ", ".join(p.value(a) for a in others))
         task = r.choice((t.qa, t.qa, t.longform, t.no_retrieval))()  # k == 1: no answer at all
         out = REFUSAL if r.random() < 0.6 or not task.needs_retrieval else t.no_retrieval("copy").answer
         return isuse_input(task.instruction, out)

@@ -153,6 +153,24 @@ def contrast_pairs(records: list[dict], metas: list[dict], share: float, seed: i
     return out
 
 
+KIND_SUFFIX = "_kind"
+
+
+def kind_contrast_pairs(records: list[dict], metas: list[dict], share: float, seed: int = 1) -> list[dict]:
+    """Copies of a `share` of the single-attribute questions answered with another attribute of
+    the same person (ids end `KIND_SUFFIX`): annotated, they pair a passage that states the value
+    with an answer to another question, `[Fully supported]` and, from a critic that reads the
+    question, `[Utility:2]`, the case of a birthplace asked and a birth year answered that IsUse
+    exists to catch (beyond the paper; the answer is weighted 0, `MaskConfig.unhelpful_weight`)."""
+    rng, out = random.Random(seed), []
+    for r, m in zip(records, metas):
+        if m["kind"] != "qa" or rng.random() >= share or not m.get("other_values"):
+            continue
+        other = m["other_values"]
+        out.append({**r, "output": other[rng.choice(sorted(other))], "id": r["id"] + KIND_SUFFIX})
+    return out
+
+
 # --- parsing --------------------------------------------------------------------------
 @dataclass
 class ParsedSegment:

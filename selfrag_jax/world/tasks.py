@@ -177,7 +177,8 @@ class TaskMaker:
         q = self.rng.choice(QUESTIONS[a]).format(name=p.name)
         gold = self.world.passage_with(p, a)
         return Task(self._id("qa"), "qa", "world_qa", q, "", p.value(a), [p.value(a)], True, [p.id], [a],
-                    [gold.id], [Sentence(p.value(a), gold.id, (a,))], {"question": q})
+                    [gold.id], [Sentence(p.value(a), gold.id, (a,))],
+                    {"question": q, "other_values": {b: p.value(b) for b in QUESTIONS if b != a}})
 
     def pair_qa(self, person: Person | None = None) -> Task:
         p = person or self.person()
