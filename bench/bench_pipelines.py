@@ -244,6 +244,7 @@ def world(args: argparse.Namespace) -> dict[str, Any]:
     return {"world_dir": str(world_dir), "model": args.model, "index": args.index, "n_per_set": args.n, "ndocs": ndocs,
             "refusal_bar": {"rel_threshold": bar.rel_threshold, "sup_threshold": bar.sup_threshold, "issup": bar.issup,
                             "ret_threshold": bar.ret_threshold if math.isfinite(bar.ret_threshold) else None,
+                            "use_threshold": bar.use_threshold if math.isfinite(bar.use_threshold) else None,
                             "chosen_on": "--refuse-rel-threshold" if args.refuse_rel_threshold is not None
                             else "dev splits (decoding.json)" if settings.get("refuse") else "RefuseOptions' defaults"},
             "crag_rel_threshold": args.crag_rel_threshold,
@@ -266,7 +267,8 @@ def plot_refusal_tradeoff(dev: dict[str, Any], refused: dict[str, Any], answerab
                s=80, facecolors="none", edgecolors="C0",
                label=f"chosen: rel > {dev['rel_threshold']:g}, "
                      + (f"sup > {dev['sup_threshold']:g}" if dev.get("issup", True) else "IsSup not consulted")
-                     + (f", retriever > {dev['ret_threshold']:g}" if dev.get("ret_threshold") is not None else ""))
+                     + (f", retriever > {dev['ret_threshold']:g}" if dev.get("ret_threshold") is not None else "")
+                     + (f", utility > {dev['use_threshold']:g}" if dev.get("use_threshold") is not None else ""))
     test_acc = 100 * answerable["selfrag+refuse"]["accuracy"]
     for i, (kind, r) in enumerate(refused.items()):
         ax.scatter([100 * r["selfrag+refuse"]["refusal_rate_unanswerable"]], [test_acc], marker="x", color=f"C{i + 1}",

@@ -405,7 +405,7 @@ def test_pick_refusal_keeps_accuracy_then_raises_the_least_refused_kind():
     from selfrag_jax.demo.decoding import pick_refusal
 
     inf = float("-inf")
-    bars = [(0.5, 0.5, True, inf), (0.9, 0.5, True, inf), (0.99, 0.5, True, inf), (0.99, 0.9, True, inf)]
+    bars = [(0.5, 0.5, True, inf, inf), (0.9, 0.5, True, inf, inf), (0.99, 0.5, True, inf, inf), (0.99, 0.9, True, inf, inf)]
     answerable = np.array([0.90, 0.89, 0.875, 0.80])
     refused = {"a": np.array([0.2, 0.6, 0.9, 1.0]), "b": np.array([0.3, 0.7, 0.5, 1.0])}
     # the last bar refuses everything but costs 10 points; of the rest, (0.9, 0.5) has the best worst kind
@@ -415,8 +415,10 @@ def test_pick_refusal_keeps_accuracy_then_raises_the_least_refused_kind():
     assert pick_refusal(bars[:2], answerable[:2], {"a": np.array([0.5, 0.5])}, no_refusal=0.9) == 0
     assert pick_refusal(bars, answerable - 0.5, refused, no_refusal=0.9) == 0
     # equal rates: no retriever floor before one
-    floors = [(0.9, 0.5, True, 0.6), (0.9, 0.5, True, inf)]
+    floors = [(0.9, 0.5, True, 0.6, inf), (0.9, 0.5, True, inf, inf)]
     assert pick_refusal(floors, np.array([0.9, 0.9]), {"a": np.array([0.5, 0.5])}, no_refusal=0.9) == 1
+    uses = [(0.9, 0.5, True, inf, 0.0), (0.9, 0.5, True, inf, inf)]  # nor a utility bar
+    assert pick_refusal(uses, np.array([0.9, 0.9]), {"a": np.array([0.5, 0.5])}, no_refusal=0.9) == 1
 
 
 def test_continue_budget_trains_the_shipped_models_again_without_a_base(tmp_path):

@@ -125,25 +125,30 @@ def test_refusal_bar_comes_from_the_models_decoding_json_unless_given(tmp_path):
     def bar(*flags):
         refuse = options_from_args(parser.parse_args(["--model", str(generator), "--input", "i", "--output", "o",
                                                       *flags])).refuse
-        return refuse.rel_threshold, refuse.sup_threshold, refuse.issup, refuse.ret_threshold
+        return refuse.rel_threshold, refuse.sup_threshold, refuse.issup, refuse.ret_threshold, refuse.use_threshold
 
     default = RefuseOptions()
     inf = float("-inf")
-    assert bar() == (default.rel_threshold, default.sup_threshold, True, inf)  # no decoding.json: the option's default
+    assert bar() == (default.rel_threshold, default.sup_threshold, True, inf, inf)  # no decoding.json: the option's default
     (tmp_path / "models" / "decoding.json").write_text(json.dumps({"ndocs": 2}))
-    assert bar() == (default.rel_threshold, default.sup_threshold, True, inf)  # a depth only
+    assert bar() == (default.rel_threshold, default.sup_threshold, True, inf, inf)  # a depth only
     (tmp_path / "models" / "decoding.json").write_text(json.dumps({"ndocs": 2, "refuse": {"rel_threshold": 0.97,
                                                                                            "sup_threshold": 0.8}}))
-    assert bar() == (0.97, 0.8, True, inf)
-    assert bar("--refuse-rel-threshold", "0.5", "--refuse-issup", "off") == (0.5, 0.8, False, inf)
+    assert bar() == (0.97, 0.8, True, inf, inf)
+    assert bar("--refuse-rel-threshold", "0.5", "--refuse-issup", "off") == (0.5, 0.8, False, inf, inf)
     (generator / "decoding.json").write_text(json.dumps({"refuse": {"rel_threshold": 0.9, "sup_threshold": 0.0,
-                                                                    "issup": False, "ret_threshold": 0.52}}))
-    assert bar() == (0.9, 0.0, False, 0.52)  # the generator's own file first
-    assert bar("--refuse-ret-threshold=-inf") == (0.9, 0.0, False, inf)
+                                                                    "issup": False, "ret_threshold": 0.52,
+                                                                    "use_threshold": 0.25}}))
+    assert bar() == (0.9, 0.0, False, 0.52, 0.25)  # the generator's own file first
+    assert bar("--refuse-ret-threshold=-inf", "--refuse-use-threshold", "0.5") == (0.9, 0.0, False, inf, 0.5)
     (generator / "decoding.json").write_text(json.dumps({"refuse": {"rel_threshold": "high"}}))
     with pytest.raises(ValueError, match=r"generator/decoding.json: 'refuse' needs numbers"):
         bar()
     (generator / "decoding.json").write_text(json.dumps({"refuse": {"rel_threshold": 0.9, "sup_threshold": 0.0,
                                                                     "ret_threshold": "low"}}))
     with pytest.raises(ValueError, match=r"'refuse.ret_threshold' must be a number or null"):
+        bar()
+    (generator / "decoding.json").write_text(json.dumps({"refuse": {"rel_threshold": 0.9, "sup_threshold": 0.0,
+                                                                    "use_threshold": True}}))
+    with pytest.raises(ValueError, match=r"'refuse.use_threshold' must be a number or null"):
         bar()

@@ -42,18 +42,32 @@ def test_support_bar_needs_a_supported_label_and_both_thresholds():
     sup = np.array([0.8, 0.8, 0.3, 0.8, 0.8, 0.0])
     label = np.array([0, 2, 1, 0, 1, -1])  # Fully, No support, Partially, Fully, Partially, none
     scores = np.full(6, np.nan)  # passages given without retriever scores
-    assert scoring.passes_bar(rel, sup, label, scores, BAR).tolist() == [True, False, False, False, True, False]
-    assert not scoring.passes_bar(np.array([0.5]), np.array([0.9]), np.array([0]), scores[:1], BAR).any()  # strictly above
+    use = np.full(6, -1.0)  # no utility bar by default (-inf)
+    assert scoring.passes_bar(rel, sup, use, label, scores, BAR).tolist() == [True, False, False, False, True, False]
+    assert not scoring.passes_bar(np.array([0.5]), np.array([0.9]), use[:1], np.array([0]), scores[:1], BAR).any()  # strictly above
 
 
 def test_retriever_floor_refuses_low_scoring_passages_and_passes_unscored_ones():
     rel, sup, label = np.full(4, 0.9), np.full(4, 0.8), np.zeros(4, int)
     scores = np.array([0.7, 0.4, np.nan, 0.45])
+    use = np.ones(4)
     floor = RefuseOptions(enabled=True, rel_threshold=0.5, sup_threshold=0.5, ret_threshold=0.45)
-    assert scoring.passes_bar(rel, sup, label, scores, floor).tolist() == [True, False, True, False]
-    assert scoring.passes_bar(rel, sup, label, scores, BAR).all()  # no floor by default (-inf)
-    assert scoring.refusal_reason(rel[1:2], sup[1:2], label[1:2], scores[1:2], floor).startswith(
+    assert scoring.passes_bar(rel, sup, use, label, scores, floor).tolist() == [True, False, True, False]
+    assert scoring.passes_bar(rel, sup, use, label, scores, BAR).all()  # no floor by default (-inf)
+    assert scoring.refusal_reason(rel[1:2], sup[1:2], use[1:2], label[1:2], scores[1:2], floor).startswith(
         "every passage scored low by the retriever (max 0.400 <= 0.45)")
+
+
+def test_utility_bar_refuses_answers_rated_unhelpful():
+    """A relevant, supported candidate whose IsUse says it answers another question is held back
+    by a utility bar, with or without IsSup consulted."""
+    rel, sup, label, scores = np.full(3, 0.9), np.full(3, 0.8), np.zeros(3, int), np.full(3, np.nan)
+    use = np.array([0.9, -0.5, 0.0])
+    for issup in (True, False):
+        bar = RefuseOptions(enabled=True, rel_threshold=0.5, sup_threshold=0.5, issup=issup, use_threshold=0.0)
+        assert scoring.passes_bar(rel, sup, use, label, scores, bar).tolist() == [True, False, False]
+        assert scoring.refusal_reason(rel[1:], sup[1:], use[1:], label[1:], scores[1:], bar).startswith(
+            "every answer judged unhelpful (max use 0.000 <= 0.0)")
 
 
 @pytest.mark.parametrize("rel,sup,label,reason", [
@@ -64,7 +78,7 @@ def test_retriever_floor_refuses_low_scoring_passages_and_passes_unscored_ones()
     ([0.9, 0.2], [0.2, 0.9], [0, 0], "no candidate is both relevant and supported"),
 ])
 def test_refusal_reason_names_what_failed(rel, sup, label, reason):
-    args = [np.array(x, float) for x in (rel, sup)] + [np.array(label, int), np.full(len(rel), 0.5)]
+    args = [np.array(x, float) for x in (rel, sup)] + [np.ones(len(rel)), np.array(label, int), np.full(len(rel), 0.5)]
     assert not scoring.passes_bar(*args, BAR).any()
     assert scoring.refusal_reason(*args, BAR).startswith(reason)
 

@@ -21,7 +21,7 @@ from selfrag_jax.inference.candidates import choose
 GRID = ("mode=adaptive|always|hard,rule=paper|released,threshold=0|0.3|0.9,seqscore=on|off,"
         "hard=none|no_support|irrelevant|both,ndocs=0|1|3,w_rel=0:2:2,w_sup=0|1.5,w_use=-1|0.5,w_ret=0|2,"
         "ret_temperature=0.05|0.3,refuse=off|on,refuse_rel_threshold=0.3|0.6,refuse_issup=on|off,"
-        "refuse_ret_threshold=-inf|0.5")
+        "refuse_ret_threshold=-inf|0.5,refuse_use_threshold=-inf|0.2")
 
 
 def choose_one(cache, config):
@@ -96,7 +96,8 @@ def test_sweep_matches_generate_run_with_those_flags(model_dir, tmp_path):
                S.Config(mode="always", refuse="on"), S.Config(refuse="on", refuse_rel_threshold=0.45, hard="both"),
                S.Config(mode="always", refuse="on", refuse_sup_threshold=0.0, refuse_rel_threshold=0.0),
                S.Config(refuse="on", refuse_issup="off", refuse_rel_threshold=0.45),
-               S.Config(mode="always", refuse="on", refuse_issup="off", refuse_rel_threshold=0.0, refuse_ret_threshold=0.5)]
+               S.Config(mode="always", refuse="on", refuse_issup="off", refuse_rel_threshold=0.0, refuse_ret_threshold=0.5),
+               S.Config(mode="always", refuse="on", refuse_issup="off", refuse_rel_threshold=0.0, refuse_use_threshold=0.2)]
     result = S.run_sweep(S.prepare(load_cache(tmp_path / "cache")), configs, with_choices=True)
     cache = load_cache(tmp_path / "cache")
     for g, cfg in enumerate(configs):

@@ -59,7 +59,8 @@ def choose_depth(generator: Path, world: Path, index: Path, cache: Path, n: int 
 
 
 # The refusal bar is chosen on the dev splits: the bar (IsRel over rel, IsSup over sup, the
-# retriever's score over a floor; every candidate below it and the answer is "I don't know.")
+# retriever's score over a floor, IsUse's utility score over REFUSE_USE; every candidate below
+# it and the answer is "I don't know.")
 # that refuses the most of the kind of unanswerable question it refuses least, while
 # answerable dev accuracy stays within MAX_DEV_DROP of Self-RAG without refusal (the goal on
 # test is 5 points; the rest is margin). Retriever floors are read off the answerable dev
@@ -67,21 +68,22 @@ def choose_depth(generator: Path, world: Path, index: Path, cache: Path, n: int 
 REFUSE_REL = (0.5, 0.7, 0.8, 0.9, 0.95, 0.97, 0.98, 0.99, 0.995, 0.998, 0.999)
 REFUSE_SUP = (0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99)
 REFUSE_RET_PERCENTILES = (1, 2, 5, 10, 15)
+REFUSE_USE = (float("-inf"), -0.5, 0.0, 0.25, 0.5, 0.75)  # use_score's scale: -1 ([Utility:1]) to 1 ([Utility:5])
 MAX_DEV_DROP = 0.03
 
 
-def pick_refusal(bars: list[tuple[float, float, bool, float]], answerable: np.ndarray, refused: dict[str, np.ndarray],
-                 no_refusal: float, max_drop: float = MAX_DEV_DROP) -> int:
-    """Index of the bar (rel, sup, issup, ret) to keep: among those whose answerable accuracy
-    is within `max_drop` of `no_refusal`, the highest refusal rate on the least-refused kind,
-    then on average, then the lower bars (fewer answers withheld), then one that consults
+def pick_refusal(bars: list[tuple[float, float, bool, float, float]], answerable: np.ndarray,
+                 refused: dict[str, np.ndarray], no_refusal: float, max_drop: float = MAX_DEV_DROP) -> int:
+    """Index of the bar (rel, sup, issup, ret, use) to keep: among those whose answerable
+    accuracy is within `max_drop` of `no_refusal`, the highest refusal rate on the least-refused
+    kind, then on average, then the lower bars (fewer answers withheld), then one that consults
     IsSup. With none within reach, the most accurate bar."""
     rates = np.stack(list(refused.values()))  # [kinds, bars]
     ok = np.flatnonzero(answerable >= no_refusal - max_drop - 1e-9)
     if not len(ok):
         return int(np.argmax(answerable))
     return int(max(ok, key=lambda i: (round(float(rates[:, i].min()), 6), round(float(rates[:, i].mean()), 6),
-                                      -bars[i][0], -bars[i][1], -bars[i][3], bars[i][2])))
+                                      -bars[i][0], -bars[i][1], -bars[i][3], -bars[i][4], bars[i][2])))
 
 
 def retriever_floors(table, ndocs: int) -> list[float]:
@@ -100,7 +102,7 @@ def choose_refusal(generator: Path, world: Path, index: Path, cache: Path, ndocs
     the first `n_answerable` of world_qa_dev (or `answerable_cache`, a cache of them with both
     paths at a depth of at least `ndocs`: `choose_depth`'s) and every unanswerable kind's dev
     split (eval/unanswerable/*_dev.jsonl), each cached with both paths and swept at depth
-    `ndocs` over REFUSE_REL x REFUSE_SUP (and IsRel alone) x `retriever_floors`. An
+    `ndocs` over REFUSE_REL x REFUSE_SUP (and IsRel alone) x `retriever_floors` x REFUSE_USE. An
     unanswerable question counts as refused when the answer is the refusal, from the bar or
     written by the generator (its gold is set to that message)."""
     from selfrag_jax.inference.cache import load_cache, write_cache
@@ -135,30 +137,32 @@ def pick_refusal_on(caches: dict[str, Any], ndocs: int, log=print) -> dict[str, 
 
     # with IsSup consulted at each sup threshold, and IsRel alone (IsSup may not mean support)
     prepared = {name: S.prepare(cached) for name, cached in caches.items()}
-    bars = [(r, s, i, f) for f in retriever_floors(prepared["answerable"].table, ndocs)
+    bars = [(r, s, i, f, u) for u in REFUSE_USE for f in retriever_floors(prepared["answerable"].table, ndocs)
             for r, s, i in [(r, s, True) for r in REFUSE_REL for s in REFUSE_SUP] + [(r, 0.0, False) for r in REFUSE_REL]]
     configs = [S.Config(ndocs=ndocs, refuse="off")] + [
         S.Config(ndocs=ndocs, refuse="on", refuse_rel_threshold=r, refuse_sup_threshold=s, refuse_issup=S.ON_OFF[not i],
-                 refuse_ret_threshold=f) for r, s, i, f in bars]
+                 refuse_ret_threshold=f, refuse_use_threshold=u) for r, s, i, f, u in bars]
     metric = {name: S.run_sweep(prep, configs).metric for name, prep in prepared.items()}
     n = {name: len(cached.questions) for name, cached in caches.items()}
     refused = {k: v[1:] for k, v in metric.items() if k != "answerable"}
     best = pick_refusal(bars, metric["answerable"][1:], refused, float(metric["answerable"][0]))
-    rel, sup, issup, floor = bars[best]
+    rel, sup, issup, floor, use = bars[best]
     chosen = {"answerable": round(float(metric["answerable"][1 + best]), 4),
               **{k: round(float(v[best]), 4) for k, v in refused.items()}}
     log(f"[refusal] dev, no refusal: answerable {metric['answerable'][0]:.3f}, refused "
         + ", ".join(f"{k} {v[0]:.3f}" for k, v in metric.items() if k != "answerable")
         + f"; bar rel > {rel}" + (f", sup > {sup}" if issup else ", IsSup not consulted")
-        + (f", retriever score > {floor}" if np.isfinite(floor) else "") + ": "
+        + (f", retriever score > {floor}" if np.isfinite(floor) else "")
+        + (f", utility > {use}" if np.isfinite(use) else "") + ": "
         + ", ".join(f"{k} {v:.3f}" for k, v in chosen.items()))
     finite = lambda f: float(f) if np.isfinite(f) else None  # noqa: E731  (JSON has no -inf: null)
-    return {"rel_threshold": rel, "sup_threshold": sup, "issup": issup, "ret_threshold": finite(floor), "ndocs": ndocs,
+    return {"rel_threshold": rel, "sup_threshold": sup, "issup": issup, "ret_threshold": finite(floor),
+            "use_threshold": finite(use), "ndocs": ndocs,
             "max_dev_drop": MAX_DEV_DROP, "dev": chosen, "dev_no_refusal": {k: round(float(v[0]), 4) for k, v in metric.items()},
             "n": n,
             # every bar tried, as columns (several hundred bars: a list of rows would fill the file)
             "dev_grid": {"rel": [b[0] for b in bars], "sup": [b[1] for b in bars], "issup": [b[2] for b in bars],
-                         "ret": [finite(b[3]) for b in bars],
+                         "ret": [finite(b[3]) for b in bars], "use": [finite(b[4]) for b in bars],
                          "answerable": [round(float(x), 4) for x in metric["answerable"][1:]],
                          "min_refused": [round(float(x), 4) for x in np.min(list(refused.values()), axis=0)],
                          "mean_refused": [round(float(x), 4) for x in np.mean(list(refused.values()), axis=0)]}}

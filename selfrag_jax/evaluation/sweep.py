@@ -60,6 +60,7 @@ class Config:
     refuse_sup_threshold: float = _REFUSE.sup_threshold
     refuse_issup: str = ON_OFF[not _REFUSE.issup]
     refuse_ret_threshold: float = _REFUSE.ret_threshold
+    refuse_use_threshold: float = _REFUSE.use_threshold
 
     def options(self, task: str = "open", refusal_message: str = _REFUSE.message) -> ChoiceOptions:
         """The `generate` options this configuration stands for."""
@@ -70,7 +71,8 @@ class Config:
                                hard=Hard(self.hard), w_ret=self.w_ret, ret_temperature=self.ret_temperature),
             refuse=RefuseOptions(enabled=self.refuse == "on", rel_threshold=self.refuse_rel_threshold,
                                  sup_threshold=self.refuse_sup_threshold, message=refusal_message,
-                                 issup=self.refuse_issup == "on", ret_threshold=self.refuse_ret_threshold))
+                                 issup=self.refuse_issup == "on", ret_threshold=self.refuse_ret_threshold,
+                                 use_threshold=self.refuse_use_threshold))
 
     def generate_flags(self) -> list[str]:
         flags = ["--mode", self.mode, "--threshold-rule", self.rule, "--threshold", repr(self.threshold),
@@ -79,7 +81,8 @@ class Config:
                  "--refuse" if self.refuse == "on" else "--no-refuse",
                  "--refuse-rel-threshold", repr(self.refuse_rel_threshold),
                  "--refuse-sup-threshold", repr(self.refuse_sup_threshold), "--refuse-issup", self.refuse_issup,
-                 f"--refuse-ret-threshold={self.refuse_ret_threshold!r}"]
+                 f"--refuse-ret-threshold={self.refuse_ret_threshold!r}",
+                 f"--refuse-use-threshold={self.refuse_use_threshold!r}"]
         flags += ["--ndocs", str(self.ndocs)] if self.ndocs else []
         flags += ["--no-seqscore"] if self.seqscore == "off" else []
         flags += ["--drop-no-support"] if Hard(self.hard).drops_no_support else []
@@ -248,13 +251,15 @@ def prior_table(prep: Prepared, configs: list[Config]) -> tuple[np.ndarray, np.n
 
 
 def bar_table(prep: Prepared, configs: list[Config]) -> tuple[np.ndarray, np.ndarray]:
-    """[B, Q, K] support bar of each distinct (rel, sup threshold, IsSup on, retriever score bar),
-    compared in float64."""
+    """[B, Q, K] support bar of each distinct (rel, sup threshold, IsSup on, retriever score bar,
+    utility bar), compared in float64."""
     t, parts = prep.table, prep.parts
-    key = lambda c: (c.refuse_rel_threshold, c.refuse_sup_threshold, c.refuse_issup, c.refuse_ret_threshold)  # noqa: E731
+    key = lambda c: (c.refuse_rel_threshold, c.refuse_sup_threshold, c.refuse_issup, c.refuse_ret_threshold,  # noqa: E731
+                     c.refuse_use_threshold)
     return _tabled(configs, key, lambda k: t.padded(scoring.passes_bar(
-        parts["rel"], parts["sup"], t.sup_label, t.ret_score,
-        RefuseOptions(rel_threshold=k[0], sup_threshold=k[1], issup=k[2] == "on", ret_threshold=k[3])), False))
+        parts["rel"], parts["sup"], parts["use"], t.sup_label, t.ret_score,
+        RefuseOptions(rel_threshold=k[0], sup_threshold=k[1], issup=k[2] == "on", ret_threshold=k[3],
+                      use_threshold=k[4])), False))
 
 
 def check_depths(prep: Prepared, configs: list[Config]) -> None:

@@ -264,7 +264,7 @@ def choose(table: Table, opts: ChoiceOptions) -> Choice:
     """The answer of every question under `opts` (docs/method.md section 5)."""
     decided = scoring.decide_retrieve(table.retrieve_logprobs, table.greedy_retrieval, opts.retrieve)
     sc = candidate_scores(table, opts.score, opts.ndocs)
-    passing = scoring.passes_bar(sc["rel"], sc["sup"], table.sup_label, table.ret_score, opts.refuse)
+    passing = scoring.passes_bar(sc["rel"], sc["sup"], sc["use"], table.sup_label, table.ret_score, opts.refuse)
     _, valid = table.grid
     depth = opts.ndocs or table.width
     keep = keep_mask(valid, np.arange(table.width)[None, :] < depth, table.padded(table.pruned, False),
@@ -287,6 +287,6 @@ def refusal_reason(table: Table, q: int, sc: dict[str, np.ndarray], passing: np.
         return "no passages were found"
     if passing[rows].any():
         return "the hard constraints dropped every supported candidate"
-    return scoring.refusal_reason(sc["rel"][rows], sc["sup"][rows], table.sup_label[rows], table.ret_score[rows],
-                                  opts.refuse)
+    return scoring.refusal_reason(sc["rel"][rows], sc["sup"][rows], sc["use"][rows], table.sup_label[rows],
+                                  table.ret_score[rows], opts.refuse)
 

@@ -91,6 +91,9 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--refuse-ret-threshold", type=float, default=None,
                    help="support bar: the retriever's score of the passage above this (its scale is the index's; "
                         "default: as --refuse-rel-threshold, else not consulted; give -inf as --refuse-ret-threshold=-inf)")
+    p.add_argument("--refuse-use-threshold", type=float, default=None,
+                   help="support bar: the answer's utility score (-1..1) above this (default: as "
+                        "--refuse-rel-threshold, else not consulted; give -inf as --refuse-use-threshold=-inf)")
     p.add_argument("--crag-rel-threshold", type=float, default=CORRECTIVE.rel_threshold,
                    help="re-retrieve when every passage's rel is below this")
     p.add_argument("--retry-token-budget", type=int, default=CORRECTIVE.token_budget,
@@ -171,7 +174,7 @@ def options_from_args(args: argparse.Namespace, pipeline: str | None = None, ref
     bar = refusal_bar(args.model) or {}  # chosen on dev data; each flag given wins
     given = {"rel_threshold": args.refuse_rel_threshold, "sup_threshold": args.refuse_sup_threshold,
              "issup": None if args.refuse_issup is None else args.refuse_issup == "on",
-             "ret_threshold": args.refuse_ret_threshold}
+             "ret_threshold": args.refuse_ret_threshold, "use_threshold": args.refuse_use_threshold}
     bar.update({k: v for k, v in given.items() if v is not None})
     return GenerateOptions(
         task=args.task, ndocs=args.ndocs, pipeline=pipeline, trace=args.trace,

@@ -99,7 +99,10 @@ class RefuseOptions:
     retriever's score of the candidate's passage above `ret_threshold` (-inf: not consulted;
     a passage given without a score passes): a question about something the corpus does not
     hold finds only passages that score low, however relevant the model finds the closest
-    one. Its scale is the index's, so a bar is chosen on dev data for one index."""
+    one. Its scale is the index's, so a bar is chosen on dev data for one index. And the
+    candidate's utility score (`use_score`, -1..1) above `use_threshold` (-inf: not consulted):
+    an answer the passage states but to another question (a birth year where the birthplace
+    was asked, the passage silent on it) is supported and relevant, and only IsUse says so."""
 
     enabled: bool = False
     rel_threshold: float = 0.5
@@ -107,6 +110,7 @@ class RefuseOptions:
     message: str = REFUSAL
     issup: bool = True
     ret_threshold: float = float("-inf")
+    use_threshold: float = float("-inf")
 
 
 # --- retrieval decision -----------------------------------------------------------------
@@ -182,28 +186,32 @@ def final_score(seq: np.ndarray, rel: np.ndarray, sup: np.ndarray, use: np.ndarr
                    opts.w_rel, opts.w_sup, opts.w_use, opts.w_ret)
 
 
-def passes_bar(rel: np.ndarray, sup: np.ndarray, sup_label: np.ndarray, ret_score: np.ndarray,
+def passes_bar(rel: np.ndarray, sup: np.ndarray, use: np.ndarray, sup_label: np.ndarray, ret_score: np.ndarray,
                opts: RefuseOptions) -> np.ndarray:
     """Bool per candidate: is its answer supported well enough to be given?"""
     ret_score = np.asarray(ret_score, np.float64)
-    relevant = (np.asarray(rel) > opts.rel_threshold) & (np.isnan(ret_score) | (ret_score > opts.ret_threshold))
+    relevant = (np.asarray(rel) > opts.rel_threshold) & (np.isnan(ret_score) | (ret_score > opts.ret_threshold)) \
+        & (np.asarray(use) > opts.use_threshold)
     if not opts.issup:
         return relevant
     sup_label = np.asarray(sup_label)
     return (sup_label >= 0) & (sup_label != NO_SUPPORT) & (np.asarray(sup) > opts.sup_threshold) & relevant
 
 
-def refusal_reason(rel: np.ndarray, sup: np.ndarray, sup_label: np.ndarray, ret_score: np.ndarray,
+def refusal_reason(rel: np.ndarray, sup: np.ndarray, use: np.ndarray, sup_label: np.ndarray, ret_score: np.ndarray,
                    opts: RefuseOptions) -> str:
     """Why no candidate passed the bar, naming the first test that every candidate failed
     (or, when each failed a different one, that no single candidate passed them all)."""
-    rel, sup, sup_label, ret = np.asarray(rel), np.asarray(sup), np.asarray(sup_label), np.asarray(ret_score, np.float64)
+    rel, sup, use, sup_label = np.asarray(rel), np.asarray(sup), np.asarray(use), np.asarray(sup_label)
+    ret = np.asarray(ret_score, np.float64)
     if rel.size == 0:
         return "no passages were found"
     if not (np.isnan(ret) | (ret > opts.ret_threshold)).any():
         return f"every passage scored low by the retriever (max {np.nanmax(ret):.3f} <= {opts.ret_threshold})"
     if not (rel > opts.rel_threshold).any():
         return f"every passage judged irrelevant (max rel {rel.max():.3f} <= {opts.rel_threshold})"
+    if not (use > opts.use_threshold).any():
+        return f"every answer judged unhelpful (max use {use.max():.3f} <= {opts.use_threshold})"
     if not opts.issup:
         return "no candidate passed the bar"
     judged = (sup_label >= 0) & (sup_label != NO_SUPPORT)

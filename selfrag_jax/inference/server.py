@@ -70,7 +70,7 @@ OVERRIDES: dict[str, Callable[[Any], bool]] = {
     "ndocs": lambda v: isinstance(v, int) and not isinstance(v, bool), "pipeline": lambda v: v in PIPELINES,
     "w_rel": _number, "w_sup": _number, "w_use": _number, "w_ret": _number,
     "refuse": lambda v: isinstance(v, bool), "refuse_rel_threshold": _number, "refuse_sup_threshold": _number,
-    "refuse_issup": lambda v: isinstance(v, bool), "refuse_ret_threshold": _number,
+    "refuse_issup": lambda v: isinstance(v, bool), "refuse_ret_threshold": _number, "refuse_use_threshold": _number,
     "max_rounds": lambda v: isinstance(v, int) and not isinstance(v, bool),
 }
 
@@ -106,7 +106,8 @@ def request_options(base: GenerateOptions, overrides: Any, limits: Limits) -> Ge
                            rel_threshold=float(pick("refuse_rel_threshold", base.refuse.rel_threshold)),
                            sup_threshold=float(pick("refuse_sup_threshold", base.refuse.sup_threshold)),
                            issup=pick("refuse_issup", base.refuse.issup),
-                           ret_threshold=float(pick("refuse_ret_threshold", base.refuse.ret_threshold))),
+                           ret_threshold=float(pick("refuse_ret_threshold", base.refuse.ret_threshold)),
+                           use_threshold=float(pick("refuse_use_threshold", base.refuse.use_threshold))),
             corrective=replace(base.corrective, max_rounds=rounds))
     except ValueError as err:
         raise BadRequest(f"options: {err}") from None

@@ -4,7 +4,7 @@
 models and `make train-default` keep it) or in the generator's own folder. It holds what was
 chosen on held-out dev questions, never on the sets it is reported on: the retrieval depth
 (`ndocs`, the demo's) and the refusal bar (`refuse`: `rel_threshold`, `sup_threshold`, `issup`,
-`ret_threshold`), which
+`ret_threshold`, `use_threshold`), which
 `generate`, `compare` and `serve` use whenever refusal is on and no bar is given.
 """
 
@@ -30,7 +30,8 @@ def settings_file(model: str | Path) -> Path | None:
 def refusal_bar(model: str | Path) -> dict[str, Any] | None:
     """The refusal bar chosen for this generator on dev data, if any, as `RefuseOptions`
     fields: rel_threshold, sup_threshold, issup (absent: on, the bar consults IsSup) and
-    ret_threshold (absent or null: the retriever's scores are not consulted, -inf)."""
+    ret_threshold and use_threshold (absent or null: the retriever's scores, the utility
+    score, are not consulted: -inf)."""
     path = settings_file(model)
     if path is None:
         return None
@@ -46,8 +47,10 @@ def refusal_bar(model: str | Path) -> dict[str, Any] | None:
     issup = refuse.get("issup", True)
     if not isinstance(issup, bool):
         raise ValueError(f"{path}: 'refuse.issup' must be true or false, got {issup!r}")
-    ret = refuse.get("ret_threshold")
-    if ret is not None and (isinstance(ret, bool) or not isinstance(ret, (int, float)) or not math.isfinite(ret)):
-        raise ValueError(f"{path}: 'refuse.ret_threshold' must be a number or null, got {ret!r}")
-    return {"rel_threshold": bar[0], "sup_threshold": bar[1], "issup": issup,
-            "ret_threshold": float("-inf") if ret is None else float(ret)}
+    floors = {}
+    for key in ("ret_threshold", "use_threshold"):
+        v = refuse.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
+            raise ValueError(f"{path}: 'refuse.{key}' must be a number or null, got {v!r}")
+        floors[key] = float("-inf") if v is None else float(v)
+    return {"rel_threshold": bar[0], "sup_threshold": bar[1], "issup": issup, **floors}
