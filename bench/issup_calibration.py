@@ -1,5 +1,7 @@
-"""Does the generator's IsSup mean support? p([Fully supported]) for answers a passage states
-against values it does not state, on the bundled world's held-out questions.
+"""Does the generator's IsSup mean support, and its IsUse an answer to the question?
+p([Fully supported]) for answers a passage states against values it does not state, and the
+utility score for the asked value against another value the same passage states, on the
+bundled world's held-out questions.
 
 `python -m bench.issup_calibration [--model DIR] [--n 300]` -> bench/results/issup_calibration.json
 and issup_calibration.png (a reliability plot).
@@ -10,7 +12,10 @@ attribute's value from another held-out question, one the passage does not conta
 forced; the generator's next-token distribution over the IsSup group, normalised within the
 group as the paper's score reads it (docs/method.md section 5), gives p(Fully supported). AUC
 is the chance that a stated answer gets a higher p(Fully supported) than an invented one
-(ties count a half). Not a timing: `run_all` does not run it.
+(ties count a half). IsUse: the same passage, `[Relevant]`, either the asked value or another
+of the person's values that the passage states (a birth year where the birthplace was asked),
+then `[Fully supported]`; the utility group's expected weight (-1..1, docs/method.md section 5)
+after it, AUC of asked over other. Not a timing: `run_all` does not run it.
 """
 
 from __future__ import annotations
@@ -51,8 +56,29 @@ def examples(world: Path, n: int, seed: int = 0) -> list[dict[str, Any]]:
     return out
 
 
-def issup_probs(model_dir: str, items: list[dict[str, Any]], batch: int = 32) -> np.ndarray:
-    """[n, 3] IsSup-group probabilities (normalised in the group) after each teacher-forced answer."""
+def other_kind_examples(world: Path, n: int) -> list[dict[str, Any]]:
+    """(question, passage, answer, asked) pairs: each question with its gold value and another of
+    the person's values that the gold passage also states."""
+    from selfrag_jax.world import read_jsonl
+    from selfrag_jax.world.kb import ATTRIBUTES
+
+    passages = {p["id"]: p for p in read_jsonl(str(world / "passages.jsonl"))}
+    people = {e["id"]: e for e in read_jsonl(str(world / "entities.jsonl"))}
+    out = []
+    for r in read_jsonl(str(world / "eval" / "world_qa.jsonl"))[:n]:
+        psg, person, asked = passages[r["meta"]["gold_passage_ids"][0]], people[r["meta"]["entity_ids"][0]], r["meta"]["attributes"][0]
+        others = [person[a] for a in ATTRIBUTES if a != asked and person[a] in psg["text"]]
+        if r["answers"][0] not in psg["text"] or not others:
+            continue
+        for answer, is_asked in ((r["answers"][0], True), (others[0], False)):
+            out.append({"id": r["id"], "question": r["question"], "passage": psg, "answer": answer, "asked": is_asked,
+                        "attribute": asked})
+    return out
+
+
+def issup_probs(model_dir: str, items: list[dict[str, Any]], batch: int = 32, isuse: bool = False) -> np.ndarray:
+    """[n, 3] IsSup-group probabilities (normalised in the group) after each teacher-forced
+    answer; with `isuse`, [n, 5] utility-group probabilities after the answer and `[Fully supported]`."""
     import jax
     import jax.numpy as jnp
 
@@ -63,7 +89,8 @@ def issup_probs(model_dir: str, items: list[dict[str, Any]], batch: int = 32) ->
 
     config, params, tok, _ = load_model(model_dir)
     model = Llama(config)
-    group = jnp.array(tok.issup_ids)
+    group = jnp.array(tok.isuse_ids if isuse else tok.issup_ids)
+    tail = [tok.control_id(T.FULLY_SUPPORTED)] if isuse else []
 
     @jax.jit
     def last_group(params, tokens, last):
@@ -72,7 +99,7 @@ def issup_probs(model_dir: str, items: list[dict[str, Any]], batch: int = 32) ->
         return jax.nn.softmax(at.astype(jnp.float32), axis=-1)[:, group]
 
     seqs = [tok.encode_prompt(it["question"]) + tok.encode_passage(it["passage"]["title"], it["passage"]["text"])
-            + [tok.control_id(T.ISREL_GROUP[1])] + tok.encode_text(it["answer"]) for it in items]
+            + [tok.control_id(T.ISREL_GROUP[1])] + tok.encode_text(it["answer"]) + tail for it in items]
     out = []
     for start in range(0, len(seqs), batch):
         chunk = seqs[start:start + batch]
@@ -146,21 +173,34 @@ def main(argv=None) -> int:
     attribute = np.array([it["attribute"] for it in items])
     by_attr = {a: auc(full[stated & (attribute == a)], full[~stated & (attribute == a)]) for a in sorted(set(attribute))}
     rows = reliability(full, stated)
+    from selfrag_jax.tokens import UTILITY_WEIGHTS
+
+    kinds = other_kind_examples(world, args.n)
+    use = issup_probs(args.model, kinds, isuse=True) @ np.asarray(UTILITY_WEIGHTS)
+    asked = np.array([it["asked"] for it in kinds])
+    use_auc = auc(use[asked], use[~asked])
     png = RESULTS / f"{args.name}.png"
     plot(rows, png, f"IsSup of {Path(args.model).name}: AUC {result_auc:.3f}, n={len(items)}")
     summary = [{"what": "IsSup: p(Fully supported), answers the passage states vs invented values (AUC)",
                 "ours": f"{result_auc:.3f}", "peer": f"n={len(items)}", "ratio": None,
-                "goal": f">= {GOAL_AUC}", "met": result_auc >= GOAL_AUC}]
+                "goal": f">= {GOAL_AUC}", "met": result_auc >= GOAL_AUC},
+               {"what": "IsUse: utility score, the asked value vs another value the passage states (AUC)",
+                "ours": f"{use_auc:.3f}", "peer": f"n={len(kinds)}", "ratio": None, "goal": None, "met": None}]
     result = {"machine": machine_info(), "versions": versions(), "model": repo_path(args.model), "n": len(items),
               "auc_p_full": result_auc, "auc_paper_sup_score": score_auc, "auc_by_attribute": by_attr,
               "mean_p_full": {"stated": float(full[stated].mean()), "invented": float(full[~stated].mean())},
               "share_full_argmax": {"stated": float((probs[stated].argmax(1) == 0).mean()),
                                     "invented": float((probs[~stated].argmax(1) == 0).mean())},
-              "reliability": rows, "plot": png.name, "summary": summary, "date": now()}
+              "reliability": rows, "plot": png.name,
+              "isuse": {"n": len(kinds), "auc_use_score": use_auc,
+                        "mean_use_score": {"asked": float(use[asked].mean()), "other": float(use[~asked].mean())}},
+              "summary": summary, "date": now()}
     path = write_result(args.name, result)
     print(f"AUC p(Fully supported) stated vs invented: {result_auc:.3f} (paper's sup score {score_auc:.3f}); "
           f"mean p_full stated {full[stated].mean():.3f}, invented {full[~stated].mean():.3f}; by attribute "
-          + ", ".join(f"{a} {v:.2f}" for a, v in by_attr.items()) + f"; wrote {path}")
+          + ", ".join(f"{a} {v:.2f}" for a, v in by_attr.items())
+          + f"; IsUse AUC asked vs other value {use_auc:.3f} (mean use {use[asked].mean():.2f} vs {use[~asked].mean():.2f})"
+          + f"; wrote {path}")
     return 0
 
 

@@ -178,7 +178,7 @@ class CriticMaker:
         return issup_input(task.instruction, "", task.answer, _ev(shown))
 
     def isuse(self, label: str) -> str:
-        t, r, w = self.tasks, self.rng, self.world
+        t, r = self.tasks, self.rng
         k = ISUSE_GROUP.index(label) + 1
         # A bare value answering one question is as often [Utility:5] (the asked kind of fact) as
         # [Utility:2] (another kind): with most bare values rated 2, a small critic rated every
