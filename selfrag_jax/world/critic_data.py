@@ -183,12 +183,14 @@ class CriticMaker:
         # A bare value answering one question is as often [Utility:5] (the asked kind of fact) as
         # [Utility:2] (another kind): with most bare values rated 2, a small critic rated every
         # answer 2 and IsUse told generators nothing (docs/experiments/default-models.md, "v13").
+        # Half of either side is the person's own value and half another person's, so that
+        # neither the truth nor the person's known facts decide it, only the value's kind.
         if k == 5:
             choice = r.random()
             if choice < 0.8:
                 task = t.qa()
                 p = self._subject(task)
-                out = task.answer if r.random() < 0.7 else t.wrong_values(p, task.attributes[0], 1)[0]
+                out = task.answer if r.random() < 0.5 else t.wrong_values(p, task.attributes[0], 1)[0]
                 return isuse_input(task.instruction, out)  # the right kind of answer, true or not
             task = r.choice((t.longform, t.pair_qa, t.no_retrieval, t.compare))()
             return isuse_input(task.instruction, task.answer)
@@ -207,7 +209,8 @@ class CriticMaker:
             task = t.qa() if r.random() < 0.8 else t.pair_qa()
             p = self._subject(task)
             others = r.sample([a for a in ATTRIBUTES if a not in task.attributes], len(task.attributes))
-            return isuse_input(task.instruction, ", ".join(p.value(a) for a in others))
+            own = r.random() < 0.5
+            return isuse_input(task.instruction, ", ".join(p.value(a) if own else t.wrong_values(p, a, 1)[0] for a in others))
         task = r.choice((t.qa, t.qa, t.longform, t.no_retrieval))()  # k == 1: no answer at all
         out = REFUSAL if r.random() < 0.6 or not task.needs_retrieval else t.no_retrieval("copy").answer
         return isuse_input(task.instruction, out)
