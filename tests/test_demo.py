@@ -170,20 +170,24 @@ def test_pipeline_stage_configs_chain(tmp_path):
     assert stages.config("critic", ["optim.learning_rate=3e-4"]).optim.learning_rate == 3e-4
 
 
-def test_pipeline_reading_critic_stage(tmp_path):
-    """The full budget continues the critic on the reading-form data and ships and annotates
-    with that critic; the reduced budget skips the stage and uses the critic as it is."""
+def test_pipeline_reading_and_isuse_critic_stages(tmp_path):
+    """The full budget continues the critic on the reading-form data, then on the same data with
+    IsUse drawn more often, and ships and annotates with that last critic; the reduced budget
+    skips both stages and uses the critic as it is."""
     from selfrag_jax.demo.pipeline import Stages
 
     full = Stages(tmp_path, budget="full")
     cfg = full.config("critic_reading")
     assert cfg.model.init_from == str(tmp_path / "critic") and cfg.run_dir == str(tmp_path / "critic_reading")
     assert cfg.data.train_files == [str(tmp_path / "world" / "train" / "critic_reading.jsonl")]
-    assert cfg.data.mixture_rates == full.config("critic").data.mixture_rates  # the critic stage's mix
+    assert cfg.data.mixture_rates == {**full.config("critic").data.mixture_rates, "isuse": 3}
     assert (cfg.num_steps, cfg.optim.learning_rate) == (300, 5e-4)
-    assert full.critic_dir == tmp_path / "critic_reading" and not full.skips("critic_reading")
+    isuse = full.config("critic_isuse")
+    assert isuse.model.init_from == str(tmp_path / "critic_reading") and isuse.run_dir == str(tmp_path / "critic_isuse")
+    assert isuse.data.train_files == cfg.data.train_files and isuse.data.mixture_rates["isuse"] == 8
+    assert full.critic_dir == tmp_path / "critic_isuse" and not full.skips("critic_reading")
     reduced, said = Stages(tmp_path, budget="reduced", log=lambda m: said.append(m)), []
-    assert reduced.skips("critic_reading") and reduced.critic_dir == tmp_path / "critic"
+    assert reduced.skips("critic_reading") and reduced.skips("critic_isuse") and reduced.critic_dir == tmp_path / "critic"
     reduced.stage("critic_reading", lambda: pytest.fail("a skipped stage ran"))
     assert said == ["[critic_reading] skipped by the reduced budget"] and not reduced.done("critic_reading")
 
@@ -200,7 +204,7 @@ def test_pipeline_does_not_export_a_base_that_did_not_learn_to_read(tmp_path, mo
         out.mkdir()
         stages = pipeline.Stages(out, log=said.append, base_seed=4)
         for name in ("world", "index", "practice_index", "base", "anneal", "anneal2", "critic", "critic_reading",
-                     "annotate", "generator", "depth", "refusal"):
+                     "critic_isuse", "annotate", "generator", "depth", "refusal"):
             stages.mark(name, {})
         stages.mark("base_reading", {"with_passage": reads})
         stages.run_all(force_export=force)
@@ -428,7 +432,7 @@ def test_continue_budget_trains_the_shipped_models_again_without_a_base(tmp_path
     stages = Stages(tmp_path, budget="continue")
     assert all(stages.skips(n) for n in ("base", "anneal", "anneal2", "base_reading", "critic"))
     reading, generator = stages.config("critic_reading"), stages.config("generator")
-    assert reading.model.init_from == str(ASSETS / "critic") and stages.critic_dir == tmp_path / "critic_reading"
+    assert reading.model.init_from == str(ASSETS / "critic") and stages.critic_dir == tmp_path / "critic_isuse"
     assert generator.model.init_from == str(ASSETS / "generator")
     assert (generator.epochs, generator.optim.learning_rate) == (8, 1e-3)  # the stage's own config
     assert generator.data.train_files == [str(tmp_path / "annotated.jsonl")] and generator.data.unsupported_weight == 0.0

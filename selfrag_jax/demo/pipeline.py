@@ -7,6 +7,8 @@ each) -> anneal2 (1,500 more, the relevance documents now in four surface forms)
 (fine-tuned on ground-truth labels, IsRel and IsSup examples drawn 3x as often as the rest)
 -> critic_reading (300 steps more on the same labels with IsSup reading lines: the critic writes
 what the evidence states and a comparison with the output decides IsSup, beyond the paper)
+-> critic_isuse (600 steps more, IsUse drawn 8x: a short answer of the asked kind of fact
+against one of another kind)
 -> annotation (the reading critic labels raw instruction-output pairs, the world's and the practice
 people's, with passages retrieved from their corpus, and contrast copies of some questions
 answered with another person's value) -> generator (fine-tuned on the result) -> depth
@@ -51,7 +53,7 @@ BUDGETS = {
     "reduced": {"base": ["num_steps=1800", "optim.schedule_steps={config_steps}", "optim.b2=0.95", "model.overrides.head_dim=32",
                          "data.train_files=[WORLD/pretrain.jsonl,WORLD/repeat.jsonl]", "data.mixture_rates={repeat: 0.25}"],
                 "anneal": ["num_steps=200"], "anneal2": ["num_steps=100"], "critic": ["num_steps=150"],
-                "critic_reading": None, "generator": ["num_steps=240"]},
+                "critic_reading": None, "critic_isuse": None, "generator": ["num_steps=240"]},
     # The shipped models trained again from themselves on the world's current data (after a
     # change to its wordings or annotation), without a new base: a base is a draw that may not
     # read (MIN_BASE_READING). The reading critic continues the shipped critic, the generator
@@ -93,8 +95,8 @@ class Stages:
 
     @property
     def critic_dir(self) -> Path:
-        """The critic that annotates and ships: the reading critic, unless the budget skips it."""
-        return self.out / ("critic" if self.skips("critic_reading") else "critic_reading")
+        """The critic that annotates and ships: the last critic stage the budget runs."""
+        return self.out / next(n for n in ("critic_isuse", "critic_reading", "critic") if not self.skips(n))
 
     def stage(self, name: str, fn) -> None:
         if self.skips(name):
@@ -275,6 +277,7 @@ class Stages:
                      "and a new --out")
         self.stage("critic", lambda: self.train("critic"))
         self.stage("critic_reading", lambda: self.train("critic_reading"))
+        self.stage("critic_isuse", lambda: self.train("critic_isuse"))
         self.stage("annotate", self.annotate)
         self.stage("generator", lambda: self.train("generator"))
         self.stage("depth", self.depth)
