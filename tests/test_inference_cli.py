@@ -108,6 +108,17 @@ def test_paper_tasks_keep_the_papers_defaults(task, refuse):
     assert options_from_args(parser.parse_args(base + ["--refuse"])).refuse.enabled
 
 
+def test_settings_text_keeps_each_grid_column_on_one_line():
+    from selfrag_jax.inference.settings import settings_text
+
+    info = {"ndocs": 2, "refuse": {"rel_threshold": 0.9, "ret_threshold": None,
+                                   "dev_grid": {"rel": [0.5, 0.9] * 500, "issup": [True, False] * 500, "ret": [None, 0.5] * 500}},
+            "runs": [{"k": 1}, {"k": 2}]}
+    text = settings_text(info)
+    assert json.loads(text) == info and text.endswith("}\n")
+    assert len(text.splitlines()) < 25 and '"rel": [0.5, 0.9, 0.5' in text
+
+
 def test_refusal_bar_comes_from_the_models_decoding_json_unless_given(tmp_path):
     """`--refuse` without a bar uses the one chosen on dev data for these models: decoding.json
     in the generator's folder or its models folder; flags win; a bad file is named."""

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from selfrag_jax.bundled import ASSETS
 from selfrag_jax.demo.decoding import choose_depth
-from selfrag_jax.inference.settings import SETTINGS_FILE
+from selfrag_jax.inference.settings import SETTINGS_FILE, settings_text
 from selfrag_jax.tokens import ISUSE_GROUP, NO_SUPPORT
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "default"
@@ -237,7 +237,7 @@ class Stages:
         info = choose_depth(self.out / "generator", self.out / "world", self.out / "index", self.out / "depth_cache",
                             log=self.log)
         with atomic_file(self.out / SETTINGS_FILE) as f:
-            f.write(json.dumps(info, indent=1) + "\n")
+            f.write(settings_text(info))
         return info
 
     def refusal(self):
@@ -250,7 +250,7 @@ class Stages:
                                         self.out / "refusal_cache", info["ndocs"], log=self.log,
                                         answerable_cache=self.out / "depth_cache")  # the depth stage's decode
         with atomic_file(self.out / SETTINGS_FILE) as f:
-            f.write(json.dumps(info, indent=1) + "\n")
+            f.write(settings_text(info))
         return info["refuse"]
 
     def base_reads(self) -> float | None:

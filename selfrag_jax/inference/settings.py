@@ -12,10 +12,28 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
 SETTINGS_FILE = "decoding.json"
+
+
+def settings_text(info: dict[str, Any]) -> str:
+    """`info` as a settings file: indented, each list of numbers on one line (a dev grid has
+    thousands of entries per column)."""
+    flat: list[str] = []
+
+    def mark(o: Any) -> Any:
+        if isinstance(o, dict):
+            return {k: mark(v) for k, v in o.items()}
+        if isinstance(o, list) and not any(isinstance(x, (list, dict)) for x in o):
+            flat.append(json.dumps(o))
+            return f"\0{len(flat) - 1}"
+        return [mark(x) for x in o] if isinstance(o, list) else o
+
+    text = json.dumps(mark(info), indent=1)
+    return re.sub(r'"\\u0000(\d+)"', lambda m: flat[int(m.group(1))], text) + "\n"
 
 
 def settings_file(model: str | Path) -> Path | None:
