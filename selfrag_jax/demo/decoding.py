@@ -160,7 +160,7 @@ def pick_refusal_on(caches: dict[str, Any], ndocs: int, log=print) -> dict[str, 
             "use_threshold": finite(use), "ndocs": ndocs,
             "max_dev_drop": MAX_DEV_DROP, "dev": chosen, "dev_no_refusal": {k: round(float(v[0]), 4) for k, v in metric.items()},
             "n": n,
-            # every bar tried, as columns (several hundred bars: a list of rows would fill the file)
+            # every bar tried, as columns (thousands of bars: a list of rows would fill the file)
             "dev_grid": {"rel": [b[0] for b in bars], "sup": [b[1] for b in bars], "issup": [b[2] for b in bars],
                          "ret": [finite(b[3]) for b in bars], "use": [finite(b[4]) for b in bars],
                          "answerable": [round(float(x), 4) for x in metric["answerable"][1:]],

@@ -9,9 +9,10 @@ each) -> anneal2 (1,500 more, the relevance documents now in four surface forms)
 what the evidence states and a comparison with the output decides IsSup, beyond the paper)
 -> critic_isuse (600 steps more, IsUse drawn 8x: a short answer of the asked kind of fact
 against one of another kind)
--> annotation (the reading critic labels raw instruction-output pairs, the world's and the practice
-people's, with passages retrieved from their corpus, and contrast copies of some questions
-answered with another person's value) -> generator (fine-tuned on the result) -> depth
+-> annotation (the last critic labels raw instruction-output pairs, the world's and the practice
+people's, with passages retrieved from their corpus, contrast copies of some questions answered
+with another person's value and kind contrast copies answered with another of the same person's
+values) -> generator (fine-tuned on the result) -> depth
 (Self-RAG's retrieval depth K for this generator, chosen on the dev split:
 `decoding.choose_depth`) -> refusal (the support bar, chosen on the dev splits of answerable and
 unanswerable questions: `decoding.choose_refusal`) -> exported critic and generator (bfloat16
