@@ -76,18 +76,18 @@ def other_kind_examples(world: Path, n: int) -> list[dict[str, Any]]:
     return out
 
 
-def issup_probs(model_dir: str, items: list[dict[str, Any]], batch: int = 32, isuse: bool = False) -> np.ndarray:
+def group_probs(loaded: tuple, items: list[dict[str, Any]], isuse: bool = False, batch: int = 32) -> np.ndarray:
     """[n, 3] IsSup-group probabilities (normalised in the group) after each teacher-forced
-    answer; with `isuse`, [n, 5] utility-group probabilities after the answer and `[Fully supported]`."""
+    answer; with `isuse`, [n, 5] utility-group probabilities after the answer and `[Fully
+    supported]`. `loaded`: `load_model`'s (config, params, tokenizer, ...), read once per model."""
     import jax
     import jax.numpy as jnp
 
     from selfrag_jax import tokens as T
     from selfrag_jax.inference.engine import bucket_length
-    from selfrag_jax.models.checkpoint import load_model
     from selfrag_jax.models.llama import Llama
 
-    config, params, tok, _ = load_model(model_dir)
+    config, params, tok = loaded[:3]
     model = Llama(config)
     group = jnp.array(tok.isuse_ids if isuse else tok.issup_ids)
     tail = [tok.control_id(T.FULLY_SUPPORTED)] if isuse else []
@@ -165,18 +165,20 @@ def main(argv=None) -> int:
         from selfrag_jax.demo.pipeline import Stages
 
         Stages(Path(args.work), log=lambda *_: None).world(training=False)
+    from selfrag_jax.models.checkpoint import load_model
+    from selfrag_jax.tokens import UTILITY_WEIGHTS
+
+    loaded = load_model(args.model)
     items = examples(world, args.n)
-    probs = issup_probs(args.model, items)
+    probs = group_probs(loaded, items)
     stated = np.array([it["stated"] for it in items])
     full, score = probs[:, 0], probs[:, 0] + 0.5 * probs[:, 1]
     result_auc, score_auc = auc(full[stated], full[~stated]), auc(score[stated], score[~stated])
     attribute = np.array([it["attribute"] for it in items])
     by_attr = {a: auc(full[stated & (attribute == a)], full[~stated & (attribute == a)]) for a in sorted(set(attribute))}
     rows = reliability(full, stated)
-    from selfrag_jax.tokens import UTILITY_WEIGHTS
-
     kinds = other_kind_examples(world, args.n)
-    use = issup_probs(args.model, kinds, isuse=True) @ np.asarray(UTILITY_WEIGHTS)
+    use = group_probs(loaded, kinds, isuse=True) @ np.asarray(UTILITY_WEIGHTS)
     asked = np.array([it["asked"] for it in kinds])
     use_auc = auc(use[asked], use[~asked])
     png = RESULTS / f"{args.name}.png"

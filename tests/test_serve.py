@@ -153,6 +153,22 @@ def test_per_request_options_and_chat(engine, reference):
         assert get(server.url, "/metrics")["programs_compiled_after_warm_up"] == 0  # naive rows were warmed up too
 
 
+def test_request_options_override_each_refusal_threshold_and_keep_the_rest():
+    from dataclasses import replace
+
+    from selfrag_jax.inference.scoring import RefuseOptions
+    from selfrag_jax.inference.server import request_options
+
+    base = replace(GenerateOptions(), refuse=RefuseOptions(enabled=True, rel_threshold=0.9, sup_threshold=0.6,
+                                                           issup=False, ret_threshold=0.4, use_threshold=0.1))
+    assert request_options(base, {}, Limits()).refuse == base.refuse
+    got = request_options(base, {"refuse_rel_threshold": 0.5, "refuse_use_threshold": 0, "refuse_issup": True},
+                          Limits()).refuse
+    assert got == replace(base.refuse, rel_threshold=0.5, use_threshold=0.0, issup=True)
+    got = request_options(base, {"refuse_sup_threshold": 0.7, "refuse_ret_threshold": 0.45}, Limits()).refuse
+    assert got == replace(base.refuse, sup_threshold=0.7, ret_threshold=0.45)
+
+
 @pytest.mark.parametrize("body, status, words", [
     (b"{not json", 400, "malformed JSON"),
     (b"[1, 2]", 400, "JSON object"),

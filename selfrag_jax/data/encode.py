@@ -134,31 +134,29 @@ def passage_content(tokens: np.ndarray, ids: SpecialIds, masking: str) -> np.nda
     return (last >= 0) & is_open[np.maximum(last, 0)] & ~marker
 
 
-def unsupported_text(tokens: np.ndarray, ids: SpecialIds) -> np.ndarray:
-    """Boolean mask of the text strictly between a `[Relevant]` and the `[No support /
-    Contradictory]` that closes its segment (the tokens after `[Relevant]`, up to IsSup)."""
+def relevant_text(tokens: np.ndarray, ids: SpecialIds, closing: tuple[int, ...]) -> np.ndarray:
+    """Boolean mask of the text strictly between a `[Relevant]` and the IsSup token that closes
+    its segment, for segments closed by one of `closing` (the tokens after `[Relevant]`, up to IsSup)."""
     out = np.zeros(len(tokens), bool)
     relevant = np.flatnonzero(tokens == ids.relevant)
-    for end in np.flatnonzero(tokens == ids.no_support):
+    for end in np.flatnonzero(np.isin(tokens, closing)):
         before = relevant[relevant < end]
         if len(before):
             out[before[-1] + 1:end] = True
     return out
+
+
+def unsupported_text(tokens: np.ndarray, ids: SpecialIds) -> np.ndarray:
+    """The text of each segment rated `[No support / Contradictory]`."""
+    return relevant_text(tokens, ids, (ids.no_support,))
 
 
 def unhelpful_text(tokens: np.ndarray, ids: SpecialIds) -> np.ndarray:
-    """Boolean mask of the text strictly between each `[Relevant]` and the IsSup token that
-    closes its segment, in a sequence holding `[Utility:1]` or `[Utility:2]`: the answers an
-    output rated unhelpful gives from passages it found relevant."""
-    out = np.zeros(len(tokens), bool)
+    """The text of every relevant segment, in a sequence holding `[Utility:1]` or `[Utility:2]`:
+    the answers an output rated unhelpful gives from passages it found relevant."""
     if not np.isin(tokens, ids.low_utility).any():
-        return out
-    relevant = np.flatnonzero(tokens == ids.relevant)
-    for end in np.flatnonzero(np.isin(tokens, ids.issup)):
-        before = relevant[relevant < end]
-        if len(before):
-            out[before[-1] + 1:end] = True
-    return out
+        return np.zeros(len(tokens), bool)
+    return relevant_text(tokens, ids, ids.issup)
 
 
 def assemble(prompt: list[int] | np.ndarray, target: list[int] | np.ndarray, kind: str, ids: SpecialIds,

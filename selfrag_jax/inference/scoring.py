@@ -190,12 +190,12 @@ def passes_bar(rel: np.ndarray, sup: np.ndarray, use: np.ndarray, sup_label: np.
                opts: RefuseOptions) -> np.ndarray:
     """Bool per candidate: is its answer supported well enough to be given?"""
     ret_score = np.asarray(ret_score, np.float64)
-    relevant = (np.asarray(rel) > opts.rel_threshold) & (np.isnan(ret_score) | (ret_score > opts.ret_threshold)) \
+    passes = (np.asarray(rel) > opts.rel_threshold) & (np.isnan(ret_score) | (ret_score > opts.ret_threshold)) \
         & (np.asarray(use) > opts.use_threshold)
     if not opts.issup:
-        return relevant
+        return passes
     sup_label = np.asarray(sup_label)
-    return (sup_label >= 0) & (sup_label != NO_SUPPORT) & (np.asarray(sup) > opts.sup_threshold) & relevant
+    return (sup_label >= 0) & (sup_label != NO_SUPPORT) & (np.asarray(sup) > opts.sup_threshold) & passes
 
 
 def refusal_reason(rel: np.ndarray, sup: np.ndarray, use: np.ndarray, sup_label: np.ndarray, ret_score: np.ndarray,

@@ -102,12 +102,9 @@ def request_options(base: GenerateOptions, overrides: Any, limits: Limits) -> Ge
                              threshold=float(pick("threshold", base.retrieve.threshold)),
                              rule=pick("threshold_rule", base.retrieve.rule)),
             score=replace(base.score, **{k: float(o[k]) for k in ("w_rel", "w_sup", "w_use", "w_ret") if k in o}),
-            refuse=replace(base.refuse, enabled=refuse,
-                           rel_threshold=float(pick("refuse_rel_threshold", base.refuse.rel_threshold)),
-                           sup_threshold=float(pick("refuse_sup_threshold", base.refuse.sup_threshold)),
-                           issup=pick("refuse_issup", base.refuse.issup),
-                           ret_threshold=float(pick("refuse_ret_threshold", base.refuse.ret_threshold)),
-                           use_threshold=float(pick("refuse_use_threshold", base.refuse.use_threshold))),
+            refuse=replace(base.refuse, enabled=refuse, issup=pick("refuse_issup", base.refuse.issup),
+                           **{f"{k}_threshold": float(o[f"refuse_{k}_threshold"]) for k in ("rel", "sup", "ret", "use")
+                              if f"refuse_{k}_threshold" in o}),
             corrective=replace(base.corrective, max_rounds=rounds))
     except ValueError as err:
         raise BadRequest(f"options: {err}") from None
