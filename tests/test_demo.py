@@ -348,7 +348,8 @@ def test_annotate_stage_keeps_contrast_pairs_only_where_the_critic_rates_them_do
     (the person's other attribute) to the raw pairs; a scripted critic rates half of all IsSup
     inputs unsupported and half of all IsUse inputs [Utility:2]: every contrast pair kept has a
     [No support / Contradictory] segment, every kind pair kept is rated [Utility:2] and answers
-    with another of its person's values, every raw pair is kept, and the report counts them."""
+    with another of its person's values (any of them, asked what no passage records), every raw
+    pair is kept, and the report counts them."""
     import zlib
 
     import selfrag_jax.models.checkpoint as checkpoint
@@ -358,6 +359,7 @@ def test_annotate_stage_keeps_contrast_pairs_only_where_the_critic_rates_them_do
     from selfrag_jax.demo import pipeline
     from selfrag_jax.world import WorldConfig, build_world, parse_output, read_jsonl
     from selfrag_jax.world.generator_data import CONTRAST_SUFFIX, KIND_SUFFIX
+    from selfrag_jax.world.tasks import UNRECORDED
     from selfrag_jax.world.pretrain import PretrainConfig
 
     build_world(str(tmp_path / "world"), config=WorldConfig(  # test_world's small world, fewer raw pairs
@@ -395,8 +397,12 @@ def test_annotate_stage_keeps_contrast_pairs_only_where_the_critic_rates_them_do
     assert kinds and all(parse_output(r["output"]).utility == "[Utility:2]" for r in kinds)
     for r in kinds:
         meta = metas[r["id"][:-len(KIND_SUFFIX)]]
-        assert parse_output(r["output"]).segments[0].text in meta["other_values"].values()
         assert meta["answers"][0] not in meta["other_values"].values()
+        answer = parse_output(r["output"]).segments[0].text
+        if r["instruction"] in {q.format(name=meta["name"]) for qs in UNRECORDED.values() for q in qs}:
+            assert answer in [*meta["other_values"].values(), *meta["answers"]]  # none answers what no passage records
+        else:  # another of the person's values answers the question asked
+            assert answer in meta["other_values"].values()
     assert len(out) == 200 + len(contrast) + len(kinds)
     for name, kept in (("contrast", contrast), ("kind_contrast", kinds)):
         made = sum(r[name]["made"] for r in report.values())

@@ -231,6 +231,7 @@ def test_contrast_pairs_give_each_chosen_question_another_value_of_its_attribute
 def test_kind_contrast_pairs_answer_with_another_attribute_of_the_same_person(built):
     from selfrag_jax.world.generator_data import KIND_SUFFIX, kind_contrast_pairs
     from selfrag_jax.world.kb import ATTRIBUTES
+    from selfrag_jax.world.tasks import UNRECORDED
 
     out, _ = built
     records, metas = load(out, "train/raw.jsonl"), load(out, "train/raw_meta.jsonl")
@@ -238,32 +239,50 @@ def test_kind_contrast_pairs_answer_with_another_attribute_of_the_same_person(bu
     pairs = kind_contrast_pairs(records, metas, 0.5)
     qa = {m["id"]: m for m in metas if m["kind"] == "qa"}
     assert 0.35 * len(qa) < len(pairs) < 0.65 * len(qa)
+    source = {r["id"]: r for r in records}
+    unrecorded = {q.format(name=e["name"]) for e in people.values() for qs in UNRECORDED.values() for q in qs}
+    asked_else = 0
     for p in pairs:
         meta = qa[p["id"].removesuffix(KIND_SUFFIX)]
         person = people[meta["entity_ids"][0]]
         asked = meta["attributes"][0]
-        assert p["output"] in {person[a] for a in ATTRIBUTES if a != asked} and p["output"] != person[asked]
+        if p["instruction"] == source[meta["id"]]["instruction"]:  # another recorded attribute asked
+            assert p["output"] in {person[a] for a in ATTRIBUTES if a != asked} and p["output"] != person[asked]
+        else:  # a thing no passage records, about the same person, answered with any of their values
+            asked_else += 1
+            assert p["instruction"] in unrecorded and person["name"] in p["instruction"]
+            assert p["output"] in {person[a] for a in ATTRIBUTES}
+    assert 0.35 * len(pairs) < asked_else < 0.65 * len(pairs)
     assert kind_contrast_pairs(records, metas, 0.5) == pairs and not kind_contrast_pairs(records, metas, 0.0)
+    assert all(p["instruction"] == source[p["id"].removesuffix(KIND_SUFFIX)]["instruction"]
+               for p in kind_contrast_pairs(records, metas, 0.5, unrecorded_share=0.0))
 
 
 def test_isuse_rates_a_bare_value_by_its_kind_as_often_helpful_as_not():
     """Bare values answering one question: [Utility:5] when of the asked kind, [Utility:2] when
     another, in about equal numbers (a majority label is what a small critic learns instead;
-    [Utility:3] is half of a two-part answer)."""
+    [Utility:3] is half of a two-part answer). A question about what no passage records is never
+    answered by a value: always [Utility:2]."""
     from selfrag_jax.world.critic_data import make_critic_records
     from selfrag_jax.world.kb import ATTRIBUTES
+    from selfrag_jax.world.tasks import UNRECORDED
 
     world = make_world(seed=3, n_people=400, n_ghosts=80)
     values = {v: a for a in ATTRIBUTES for v in world.values(a)}
-    counts = collections.Counter()
+    unrecorded = {q.format(name=p.name) for p in world.kb.people for qs in UNRECORDED.values() for q in qs}
+    counts, unrecorded_counts = collections.Counter(), collections.Counter()
     for r in make_critic_records(world, 500, seed=2):
         if r["dataset_name"] == "critic_isuse" and r["input"].rsplit("\nOutput: ", 1)[1] in values:
             counts[r["output"]] += 1
+            question = r["input"].removeprefix("Task instruction: ").rsplit("\nOutput: ", 1)[0]
+            unrecorded_counts[r["output"]] += question in unrecorded
     assert set(counts) == {"[Utility:2]", "[Utility:3]", "[Utility:5]"} and 0.8 < counts["[Utility:2]"] / counts["[Utility:5]"] < 1.25, counts
+    assert +unrecorded_counts == {"[Utility:2]": unrecorded_counts["[Utility:2]"]} and unrecorded_counts["[Utility:2]"] > 15
 
 
 def test_unanswerable_kinds_have_disjoint_dev_and_test_and_no_passage_answers_them(built):
-    from selfrag_jax.world.unanswerable import KINDS, SPLITS
+    from selfrag_jax.world.tasks import UNRECORDED
+    from selfrag_jax.world.unanswerable import KINDS, SPLITS, UNSTATED
 
     out, manifest = built
     assert set(manifest["unanswerable"]) == {f"{k}_{s}" for k in KINDS for s in SPLITS}
@@ -289,6 +308,10 @@ def test_unanswerable_kinds_have_disjoint_dev_and_test_and_no_passage_answers_th
             else:
                 assert name == people[r["meta"]["entity_ids"][0]]["name"]
     assert not re.search(r"\b(die|died|tall|height|food|dish)\b", text)  # what `unstated` asks, no passage states
+    # what training asks and no passage records, none of it what `unstated` asks
+    assert not re.search(r"\b(retire|retired|school|father|sport|eyes?|nickname|pet)\b", text)
+    assert not set(UNRECORDED) & set(UNSTATED)
+    assert not re.search(r"\b(die|tall|height|food|dish)\b", " ".join(q for qs in UNRECORDED.values() for q in qs))
 
 
 def test_parse_output_rejects_bad_grammar():

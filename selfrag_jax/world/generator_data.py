@@ -20,7 +20,7 @@ from ..tokens import (
 from .core import World
 from .kb import Person
 from .passages import WorldPassage
-from .tasks import REFUSAL, Task
+from .tasks import REFUSAL, UNRECORDED, Task
 
 
 @dataclass(frozen=True)
@@ -156,18 +156,25 @@ def contrast_pairs(records: list[dict], metas: list[dict], share: float, seed: i
 KIND_SUFFIX = "_kind"
 
 
-def kind_contrast_pairs(records: list[dict], metas: list[dict], share: float, seed: int = 1) -> list[dict]:
+def kind_contrast_pairs(records: list[dict], metas: list[dict], share: float, seed: int = 1,
+                        unrecorded_share: float = 0.5) -> list[dict]:
     """Copies of a `share` of the single-attribute questions answered with another attribute of
     the same person (ids end `KIND_SUFFIX`): annotated, they pair a passage that states the value
     with an answer to another question, `[Fully supported]` and, from a critic that reads the
     question, `[Utility:2]`, the case of a birthplace asked and a birth year answered that IsUse
-    exists to catch (beyond the paper; the answer is weighted 0, `MaskConfig.unhelpful_weight`)."""
+    exists to catch (beyond the paper; the answer is weighted 0, `MaskConfig.unhelpful_weight`).
+    An `unrecorded_share` of the copies ask instead what no passage records (`tasks.UNRECORDED`),
+    answered with any of the person's values: no value answers those."""
     rng, out = random.Random(seed), []
     for r, m in zip(records, metas):
         if m["kind"] != "qa" or rng.random() >= share or not m.get("other_values"):
             continue
         other = m["other_values"]
-        out.append({**r, "output": other[rng.choice(sorted(other))], "id": r["id"] + KIND_SUFFIX})
+        copy = {**r, "output": other[rng.choice(sorted(other))], "id": r["id"] + KIND_SUFFIX}
+        if rng.random() < unrecorded_share and m.get("name"):
+            question = rng.choice(UNRECORDED[rng.choice(sorted(UNRECORDED))]).format(name=m["name"])
+            copy.update(instruction=question, output=rng.choice([*sorted(other.values()), *m["answers"]]))
+        out.append(copy)
     return out
 
 

@@ -71,6 +71,20 @@ HELDOUT_WORDINGS = {
     "instrument": ("Name the instrument {name} played.", "{name} played which instrument?",
                    "Tell me the instrument {name} played.", "{name}: instrument?", "{name} made music on what?"),
 }
+# Questions about things no passage states (fillers included, passages.py), asked in training
+# only with a recorded value as the answer, rated unhelpful: so IsUse learns that a value of
+# another kind than asked does not answer, for any asked kind, not only the five recorded ones.
+# The `unstated` unanswerable sets ask other things (unanswerable.UNSTATED), to measure that.
+UNRECORDED = {
+    "retirement_year": ("In what year did {name} retire?", "When did {name} retire?"),
+    "school": ("Which school did {name} attend?", "Where did {name} go to school?"),
+    "later_home": ("Which town did {name} move to later in life?", "Where did {name} live in old age?"),
+    "father_occupation": ("What was the occupation of {name}'s father?", "What did {name}'s father do for a living?"),
+    "sport": ("Which sport did {name} play?", "What sport was {name} good at?"),
+    "eye_colour": ("What colour were {name}'s eyes?", "What was {name}'s eye colour?"),
+    "nickname": ("What was {name}'s nickname?", "What did friends call {name}?"),
+    "pet": ("What pet did {name} keep?", "Which animal did {name} keep as a pet?"),
+}
 LONGFORM_REQUESTS = ("Tell me about {name}.", "Write a short biography of {name}.", "Who was {name}?")
 COMPARE_REQUESTS = ("Compare {a} and {b}.", "What do {a} and {b} have in common?")
 
@@ -178,7 +192,7 @@ class TaskMaker:
         gold = self.world.passage_with(p, a)
         return Task(self._id("qa"), "qa", "world_qa", q, "", p.value(a), [p.value(a)], True, [p.id], [a],
                     [gold.id], [Sentence(p.value(a), gold.id, (a,))],
-                    {"question": q, "other_values": {b: p.value(b) for b in QUESTIONS if b != a}})
+                    {"question": q, "name": p.name, "other_values": {b: p.value(b) for b in QUESTIONS if b != a}})
 
     def pair_qa(self, person: Person | None = None) -> Task:
         p = person or self.person()
