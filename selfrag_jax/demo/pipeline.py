@@ -71,10 +71,11 @@ MIN_BASE_READING = 0.9
 
 # Share of the raw single-attribute questions also annotated with another question's value,
 # so the generator sees values its passage does not state rated unsupported (issup_calibration);
-# and share also answered with the same person's other attribute, so it sees an answer to
-# another question rated unhelpful (docs/experiments/default-models.md, "v13").
+# and share also answered with the same person's other attribute (half of them asking instead
+# what no passage records), so it sees an answer to another question rated unhelpful
+# (docs/experiments/default-models.md, "v13" and "v14").
 CONTRAST_SHARE = 0.3
-KIND_CONTRAST_SHARE = 0.3
+KIND_CONTRAST_SHARE = 0.5
 
 
 @dataclass

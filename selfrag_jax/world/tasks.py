@@ -84,6 +84,15 @@ UNRECORDED = {
     "eye_colour": ("What colour were {name}'s eyes?", "What was {name}'s eye colour?"),
     "nickname": ("What was {name}'s nickname?", "What did friends call {name}?"),
     "pet": ("What pet did {name} keep?", "Which animal did {name} keep as a pet?"),
+    "weight": ("How heavy was {name}?", "What did {name} weigh?"),
+    "favourite_colour": ("What was {name}'s favourite colour?", "Which colour did {name} like best?"),
+    "favourite_book": ("What was {name}'s favourite book?", "Which book did {name} love most?"),
+    "hair_colour": ("What colour was {name}'s hair?", "What was {name}'s hair colour?"),
+    "shoe_size": ("What shoe size did {name} wear?", "How big were {name}'s feet?"),
+    "car": ("What car did {name} drive?", "Which car did {name} own?"),
+    "religion": ("What religion did {name} follow?", "What faith did {name} hold?"),
+    "mother_birthplace": ("Where was {name}'s mother born?", "Which town was {name}'s mother from?"),
+    "first_concert_year": ("In what year did {name} first perform in public?", "When did {name} give a first concert?"),
 }
 LONGFORM_REQUESTS = ("Tell me about {name}.", "Write a short biography of {name}.", "Who was {name}?")
 COMPARE_REQUESTS = ("Compare {a} and {b}.", "What do {a} and {b} have in common?")
