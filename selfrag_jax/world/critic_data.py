@@ -30,7 +30,7 @@ from .core import World
 from .generator_data import lookalike_passage
 from .kb import ATTRIBUTES, Person, article
 from .passages import WorldPassage
-from .tasks import REFUSAL, UNRECORDED, TaskMaker, claim_text
+from .tasks import REFUSAL, TaskMaker, claim_text, unrecorded_question
 
 
 def _ev(p: WorldPassage | None) -> str:
@@ -208,7 +208,7 @@ class CriticMaker:
         if k == 2:  # the right person, the wrong kind of fact
             if r.random() < 0.3:  # asked what no passage records: every recorded value is the wrong kind
                 p = self._person()
-                question = r.choice(UNRECORDED[r.choice(sorted(UNRECORDED))]).format(name=p.name)
+                question = unrecorded_question(r, p.name)
                 a = r.choice(ATTRIBUTES)
                 return isuse_input(question, p.value(a) if r.random() < 0.5 else t.wrong_values(p, a, 1)[0])
             task = t.qa() if r.random() < 0.8 else t.pair_qa()

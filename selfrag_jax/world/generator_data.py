@@ -20,7 +20,7 @@ from ..tokens import (
 from .core import World
 from .kb import Person
 from .passages import WorldPassage
-from .tasks import REFUSAL, UNRECORDED, Task
+from .tasks import REFUSAL, Task, unrecorded_question
 
 
 @dataclass(frozen=True)
@@ -172,7 +172,7 @@ def kind_contrast_pairs(records: list[dict], metas: list[dict], share: float, se
         other = m["other_values"]
         copy = {**r, "output": other[rng.choice(sorted(other))], "id": r["id"] + KIND_SUFFIX}
         if rng.random() < unrecorded_share and m.get("name"):
-            question = rng.choice(UNRECORDED[rng.choice(sorted(UNRECORDED))]).format(name=m["name"])
+            question = unrecorded_question(rng, m["name"])
             copy.update(instruction=question, output=rng.choice([*sorted(other.values()), *m["answers"]]))
         out.append(copy)
     return out

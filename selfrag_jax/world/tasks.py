@@ -94,6 +94,13 @@ UNRECORDED = {
     "mother_birthplace": ("Where was {name}'s mother born?", "Which town was {name}'s mother from?"),
     "first_concert_year": ("In what year did {name} first perform in public?", "When did {name} give a first concert?"),
 }
+
+
+def unrecorded_question(rng: random.Random, name: str) -> str:
+    """One of UNRECORDED's questions about `name`, its attribute and wording drawn from `rng`."""
+    return rng.choice(UNRECORDED[rng.choice(sorted(UNRECORDED))]).format(name=name)
+
+
 LONGFORM_REQUESTS = ("Tell me about {name}.", "Write a short biography of {name}.", "Who was {name}?")
 COMPARE_REQUESTS = ("Compare {a} and {b}.", "What do {a} and {b} have in common?")
 
