@@ -62,8 +62,9 @@ def choose_depth(generator: Path, world: Path, index: Path, cache: Path, n: int 
 # retriever's score over a floor, IsUse's utility score over REFUSE_USE; every candidate below
 # it and the answer is "I don't know.") that refuses the most of the kind of unanswerable
 # question it refuses least, while answerable dev accuracy stays within MAX_DEV_DROP of
-# Self-RAG without refusal (the goal on test is 5 points; the rest is margin). Retriever floors are read off the answerable dev
-# questions' best passage scores (these percentiles), since their scale is the index's.
+# Self-RAG without refusal (the goal on test is 5 points; the rest is margin). Retriever floors
+# are read off the answerable dev questions' best passage scores (these percentiles), since
+# their scale is the index's.
 REFUSE_REL = (0.5, 0.7, 0.8, 0.9, 0.95, 0.97, 0.98, 0.99, 0.995, 0.998, 0.999)
 REFUSE_SUP = (0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99)
 REFUSE_RET_PERCENTILES = (1, 2, 5, 10, 15)

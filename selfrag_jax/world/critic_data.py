@@ -62,6 +62,10 @@ class CriticMaker:
             if p.n_passages == 2 or not two_passages:
                 return p
 
+    def _own_or_other(self, p: Person, attribute: str) -> str:
+        """The person's value, or (half the time) another person's value of that attribute."""
+        return p.value(attribute) if self.rng.random() < 0.5 else self.tasks.wrong_values(p, attribute, 1)[0]
+
     def retrieve_input(self, label: str) -> str:
         t = self.tasks
         task = t.no_retrieval() if label == NO_RETRIEVAL else \
@@ -190,8 +194,7 @@ class CriticMaker:
             if choice < 0.8:
                 task = t.qa()
                 p = self._subject(task)
-                out = task.answer if r.random() < 0.5 else t.wrong_values(p, task.attributes[0], 1)[0]
-                return isuse_input(task.instruction, out)  # the right kind of answer, true or not
+                return isuse_input(task.instruction, self._own_or_other(p, task.attributes[0]))  # the right kind, true or not
             task = r.choice((t.longform, t.pair_qa, t.no_retrieval, t.compare))()
             return isuse_input(task.instruction, task.answer)
         if k == 4:  # a long answer missing one sentence
@@ -210,7 +213,7 @@ class CriticMaker:
                 p = self._person()
                 question = unrecorded_question(r, p.name)
                 a = r.choice(ATTRIBUTES)
-                return isuse_input(question, p.value(a) if r.random() < 0.5 else t.wrong_values(p, a, 1)[0])
+                return isuse_input(question, self._own_or_other(p, a))
             task = t.qa() if r.random() < 0.8 else t.pair_qa()
             p = self._subject(task)
             others = r.sample([a for a in ATTRIBUTES if a not in task.attributes], len(task.attributes))
