@@ -245,6 +245,7 @@ def world(args: argparse.Namespace) -> dict[str, Any]:
             "refusal_bar": {"rel_threshold": bar.rel_threshold, "sup_threshold": bar.sup_threshold, "issup": bar.issup,
                             "ret_threshold": bar.ret_threshold if math.isfinite(bar.ret_threshold) else None,
                             "use_threshold": bar.use_threshold if math.isfinite(bar.use_threshold) else None,
+                            "combination": bar.combination.to_json() if bar.combination else None,
                             "chosen_on": "--refuse-rel-threshold" if args.refuse_rel_threshold is not None
                             else "dev splits (decoding.json)" if settings.get("refuse") else "RefuseOptions' defaults"},
             "crag_rel_threshold": args.crag_rel_threshold,
@@ -263,12 +264,16 @@ def plot_refusal_tradeoff(dev: dict[str, Any], refused: dict[str, Any], answerab
     grid = dev["dev_grid"]
     ax.scatter([100 * x for x in grid["min_refused"]], [100 * x for x in grid["answerable"]], s=10, color="0.6",
                label="a bar on dev (its worst kind)")
-    ax.scatter([100 * min(v for k, v in dev["dev"].items() if k != "answerable")], [100 * dev["dev"]["answerable"]],
-               s=80, facecolors="none", edgecolors="C0",
-               label=f"chosen: rel > {dev['rel_threshold']:g}, "
-                     + (f"sup > {dev['sup_threshold']:g}" if dev.get("issup", True) else "IsSup not consulted")
-                     + (f", retriever > {dev['ret_threshold']:g}" if dev.get("ret_threshold") is not None else "")
-                     + (f", utility > {dev['use_threshold']:g}" if dev.get("use_threshold") is not None else ""))
+    thresholds = (f"rel > {dev['rel_threshold']:g}, "
+                  + (f"sup > {dev['sup_threshold']:g}" if dev.get("issup", True) else "IsSup not consulted")
+                  + (f", retriever > {dev['ret_threshold']:g}" if dev.get("ret_threshold") is not None else "")
+                  + (f", utility > {dev['use_threshold']:g}" if dev.get("use_threshold") is not None else ""))
+    worst = lambda d: 100 * min(v for k, v in d.items() if k != "answerable")  # noqa: E731
+    if dev.get("combination"):  # the grid's best beside the learned bar that beat it
+        ax.scatter([worst(dev["grid_best_dev"])], [100 * dev["grid_best_dev"]["answerable"]], s=80, marker="s",
+                   facecolors="none", edgecolors="0.3", label=f"best of the grid: {thresholds}")
+    ax.scatter([worst(dev["dev"])], [100 * dev["dev"]["answerable"]], s=80, facecolors="none", edgecolors="C0",
+               label="chosen: " + ("the learned combination" if dev.get("combination") else thresholds))
     test_acc = 100 * answerable["selfrag+refuse"]["accuracy"]
     for i, (kind, r) in enumerate(refused.items()):
         ax.scatter([100 * r["selfrag+refuse"]["refusal_rate_unanswerable"]], [test_acc], marker="x", color=f"C{i + 1}",

@@ -431,6 +431,62 @@ def test_pick_refusal_keeps_accuracy_then_raises_the_least_refused_kind():
     assert pick_refusal(uses, np.array([0.9, 0.9]), {"a": np.array([0.5, 0.5])}, no_refusal=0.9) == 1
 
 
+def test_learned_bar_scores_as_choose_does():
+    """`DevSet.metric`, which scores many thresholds at once for the search, is
+    `candidates.choose` with the combination as the bar (open task, at the depth)."""
+    import dataclasses
+
+    import numpy as np
+
+    from selfrag_jax.demo.decoding import DevSet
+    from selfrag_jax.evaluation import sweep as S
+    from selfrag_jax.evaluation.synthetic import synthetic_cache
+    from selfrag_jax.inference.cache import predictions
+    from selfrag_jax.inference.candidates import choose
+    from selfrag_jax.inference.scoring import BAR_FEATURES, Combination, RefuseOptions
+    from selfrag_jax.metrics import match
+
+    cache = synthetic_cache(300, k=4, task="open", seed=5)
+    prep, rng = S.prepare(cache), np.random.default_rng(1)
+    dev = DevSet.of(prep, ndocs=3)
+    gold = S._gold_rule("open")
+    for _ in range(3):
+        comb = Combination(tuple(rng.normal(size=len(BAR_FEATURES))), tuple(rng.normal(size=len(BAR_FEATURES))), 0.0)
+        scores = comb.score(dev.features.reshape(-1, len(BAR_FEATURES))).reshape(dev.valid.shape)
+        opts = S.Config(ndocs=3).options("open")
+        choice = choose(prep.table, dataclasses.replace(opts, refuse=RefuseOptions(enabled=True, combination=comb)))
+        expected = np.mean([match(p, gold(line)) for p, line in zip(predictions(cache, choice), cache.questions)])
+        assert 0 < choice.refused.mean() < 1
+        assert dev.metric(scores, np.array([0.0]))[0] == pytest.approx(expected)
+
+
+def test_learned_bar_draws_a_boundary_no_pair_of_thresholds_can():
+    """Right answers lie above use + ret = 1, one unanswerable kind below it with high ret,
+    another with high use: the fitted combination refuses nearly all of both and keeps
+    answerable accuracy within the window."""
+    import numpy as np
+
+    from selfrag_jax.demo.decoding import DevSet, fit_combination
+
+    rng = np.random.default_rng(0)
+
+    def dev_set(n, use, ret, right):
+        features = np.zeros((n, 1, 6))
+        features[:, 0, 1], features[:, 0, 2] = ret, use
+        features[:, 0, [0, 3, 4, 5]] = rng.normal(size=(n, 4))  # noise in the other signals
+        return DevSet(features, np.zeros((n, 1)), right[:, None].astype(float), np.ones((n, 1), bool),
+                      np.ones(n, bool), np.zeros(n), np.zeros(n) if right.any() else np.ones(n))
+
+    u = rng.uniform(0, 1, 300)
+    answerable = dev_set(300, u, 1 - u + rng.uniform(0.05, 0.6, 300), np.ones(300, bool))
+    high_ret = rng.uniform(0.7, 1.0, 100)
+    kinds = {"well_retrieved": dev_set(100, 0.9 - high_ret - 0.05, high_ret, np.zeros(100, bool)),
+             "rated_useful": dev_set(100, high_ret, 0.9 - high_ret - 0.05, np.zeros(100, bool))}
+    comb, dev = fit_combination({"answerable": answerable, **kinds}, no_refusal=1.0, steps=200)
+    assert dev["answerable"] >= 0.97 and min(dev["well_retrieved"], dev["rated_useful"]) >= 0.95
+    assert comb.weights[1] > 0 and comb.weights[2] > 0
+
+
 def test_continue_budget_trains_the_shipped_models_again_without_a_base(tmp_path):
     from selfrag_jax.bundled import ASSETS
     from selfrag_jax.demo.pipeline import Stages

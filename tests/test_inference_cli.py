@@ -152,6 +152,20 @@ def test_refusal_bar_comes_from_the_models_decoding_json_unless_given(tmp_path):
                                                                     "use_threshold": 0.25}}))
     assert bar() == (0.9, 0.0, False, 0.52, 0.25)  # the generator's own file first
     assert bar("--refuse-ret-threshold=-inf", "--refuse-use-threshold", "0.5") == (0.9, 0.0, False, inf, 0.5)
+    # a learned combination is the bar; any threshold given replaces it
+    from selfrag_jax.inference.scoring import BAR_FEATURES
+
+    learned = {"bias": -1.0, "weights": dict.fromkeys(BAR_FEATURES, 0.5), "centers": dict.fromkeys(BAR_FEATURES, 0.0)}
+    (generator / "decoding.json").write_text(json.dumps({"refuse": {"rel_threshold": 0.9, "sup_threshold": 0.0,
+                                                                    "combination": learned}}))
+    refuse = lambda *flags: options_from_args(parser.parse_args(  # noqa: E731
+        ["--model", str(generator), "--input", "i", "--output", "o", *flags])).refuse
+    assert refuse().combination.to_json() == learned
+    assert refuse("--refuse-rel-threshold", "0.5").combination is None
+    (generator / "decoding.json").write_text(json.dumps({"refuse": {"rel_threshold": 0.9, "sup_threshold": 0.0,
+                                                                    "combination": {"bias": 1.0}}}))
+    with pytest.raises(ValueError, match=r"generator/decoding.json: 'refuse.combination': .*missing 'weights'"):
+        bar()
     (generator / "decoding.json").write_text(json.dumps({"refuse": {"rel_threshold": "high"}}))
     with pytest.raises(ValueError, match=r"generator/decoding.json: 'refuse' needs numbers"):
         bar()

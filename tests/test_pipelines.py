@@ -70,6 +70,34 @@ def test_utility_bar_refuses_answers_rated_unhelpful():
             "every answer judged unhelpful (max use 0.000 <= 0.0)")
 
 
+def test_combined_bar_weighs_the_signals_together():
+    """A learned bar passes a candidate when bias + weights . (features - centers) is above 0: a
+    well retrieved answer rated a little unhelpful passes, a poorly retrieved one needs a better
+    rating; a passage without a retriever score sits at the center. Thresholds are ignored."""
+    from selfrag_jax.inference.scoring import BAR_FEATURES, Combination
+
+    weights = dict.fromkeys(BAR_FEATURES, 0.0) | {"ret_score": 10.0, "use": 2.0}
+    centers = dict.fromkeys(BAR_FEATURES, 0.0) | {"ret_score": 0.5}
+    comb = Combination.from_json({"bias": 0.0, "weights": weights, "centers": centers})
+    opts = RefuseOptions(enabled=True, rel_threshold=0.999, combination=comb)
+    rel, sup, label, seq = np.full(4, 0.9), np.full(4, 0.5), np.zeros(4, int), np.zeros(4)
+    retrieve = np.log(np.full((4, 3), 1 / 3))
+    ret, use = np.array([0.6, 0.45, 0.45, np.nan]), np.array([-0.4, 0.3, 0.2, 0.1])
+    # 1.0 - 0.8, -0.5 + 0.6, -0.5 + 0.4, 0 + 0.2
+    assert scoring.passes_bar(rel, sup, use, label, ret, opts, seq, retrieve).tolist() == [True, True, False, True]
+    assert Combination.from_json(comb.to_json()) == comb
+    features = scoring.bar_features(np.array([0.5, 1.0]), sup[:2], use[:2], ret[:2], np.array([-0.5, -50.0]), retrieve[:2])
+    assert features[:, 0] == pytest.approx([0.0, np.log((1 - 1e-6) / 1e-6)]) and features[:, 4].tolist() == [-0.5, -10.0]
+    assert features[:, 5] == pytest.approx([0.0, 0.0])  # p(Retrieval) = p(No Retrieval): log-odds 0
+    with pytest.raises(ValueError, match="needs the candidates' seq"):
+        scoring.passes_bar(rel, sup, use, label, ret, opts)
+    assert scoring.refusal_reason(rel, sup, use, label, ret, opts).startswith("no answer passed the combined bar")
+    with pytest.raises(ValueError, match="missing 'seq'"):
+        Combination.from_json({"bias": 0.0, "weights": {k: 1.0 for k in BAR_FEATURES if k != "seq"}, "centers": centers})
+    with pytest.raises(ValueError, match="finite numbers"):
+        Combination.from_json({"bias": float("nan"), "weights": weights, "centers": centers})
+
+
 @pytest.mark.parametrize("rel,sup,label,reason", [
     ([], [], [], "no passages were found"),
     ([0.2, 0.4], [0.9, 0.9], [0, 0], "every passage judged irrelevant (max rel 0.400"),

@@ -156,7 +156,7 @@ def test_per_request_options_and_chat(engine, reference):
 def test_request_options_override_each_refusal_threshold_and_keep_the_rest():
     from dataclasses import replace
 
-    from selfrag_jax.inference.scoring import RefuseOptions
+    from selfrag_jax.inference.scoring import Combination, RefuseOptions
     from selfrag_jax.inference.server import request_options
 
     base = replace(GenerateOptions(), refuse=RefuseOptions(enabled=True, rel_threshold=0.9, sup_threshold=0.6,
@@ -167,6 +167,11 @@ def test_request_options_override_each_refusal_threshold_and_keep_the_rest():
     assert got == replace(base.refuse, rel_threshold=0.5, use_threshold=0.0, issup=True)
     got = request_options(base, {"refuse_sup_threshold": 0.7, "refuse_ret_threshold": 0.45}, Limits()).refuse
     assert got == replace(base.refuse, sup_threshold=0.7, ret_threshold=0.45)
+    # a learned combination stays unless the request gives a bar of thresholds
+    learned = replace(base, refuse=replace(base.refuse, combination=Combination((1.0,) * 6, (0.0,) * 6, 0.0)))
+    assert request_options(learned, {"refuse": True}, Limits()).refuse == learned.refuse
+    got = request_options(learned, {"refuse_issup": True}, Limits()).refuse
+    assert got == replace(base.refuse, issup=True) and got.combination is None
 
 
 @pytest.mark.parametrize("body, status, words", [

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -72,18 +73,29 @@ REFUSE_USE = (float("-inf"), -0.5, 0.0, 0.25, 0.5, 0.75)  # use_score's scale: -
 MAX_DEV_DROP = 0.03
 
 
+def within(dev: dict[str, float], no_refusal: float, max_drop: float = MAX_DEV_DROP) -> bool:
+    """Answerable dev accuracy within `max_drop` of Self-RAG without refusal."""
+    return dev["answerable"] >= no_refusal - max_drop - 1e-9
+
+
+def _kinds_key(dev: dict[str, float]) -> tuple[float, float]:
+    """pick_refusal's order of bars within the window: the least-refused kind, then the mean."""
+    rates = [v for k, v in dev.items() if k != "answerable"]
+    return round(min(rates), 6), round(float(np.mean(rates)), 6)
+
+
 def pick_refusal(bars: list[tuple[float, float, bool, float, float]], answerable: np.ndarray,
                  refused: dict[str, np.ndarray], no_refusal: float, max_drop: float = MAX_DEV_DROP) -> int:
     """Index of the bar (rel, sup, issup, ret, use) to keep: among those whose answerable
     accuracy is within `max_drop` of `no_refusal`, the highest refusal rate on the least-refused
     kind, then on average, then the lower bars (fewer answers withheld), then one that consults
     IsSup. With none within reach, the most accurate bar."""
-    rates = np.stack(list(refused.values()))  # [kinds, bars]
-    ok = np.flatnonzero(answerable >= no_refusal - max_drop - 1e-9)
-    if not len(ok):
+    dev = lambda i: {"answerable": float(answerable[i]), **{k: float(v[i]) for k, v in refused.items()}}  # noqa: E731
+    ok = [i for i in range(len(bars)) if within(dev(i), no_refusal, max_drop)]
+    if not ok:
         return int(np.argmax(answerable))
-    return int(max(ok, key=lambda i: (round(float(rates[:, i].min()), 6), round(float(rates[:, i].mean()), 6),
-                                      -bars[i][0], -bars[i][1], -bars[i][3], -bars[i][4], bars[i][2])))
+    return int(max(ok, key=lambda i: (*_kinds_key(dev(i)), -bars[i][0], -bars[i][1], -bars[i][3], -bars[i][4],
+                                      bars[i][2])))
 
 
 def retriever_floors(table, ndocs: int) -> list[float]:
@@ -94,6 +106,97 @@ def retriever_floors(table, ndocs: int) -> list[float]:
     best = best[np.isfinite(best)]
     floors = sorted({round(float(x), 4) for x in np.percentile(best, REFUSE_RET_PERCENTILES)}) if len(best) else []
     return [float("-inf"), *floors]
+
+
+# A learned bar (`scoring.Combination`) is tried beside the grid: logistic regression of "a right
+# answer to an answerable question" on the dev candidates' BAR_FEATURES (each set weighing the
+# same), then a seeded hill climb of the weights on pick_refusal's own objective, each weight
+# vector at its best threshold. It is kept when it beats the grid's best bar on that objective.
+COMBINATION_SEARCH_STEPS = 1500
+
+
+@dataclass
+class DevSet:
+    """One dev set's candidates within the depth, as [Q, K] arrays, for scoring many bars at once."""
+
+    features: np.ndarray  # [Q, K, F] BAR_FEATURES
+    final: np.ndarray  # [Q, K] the paper's score, -inf past the question's candidates
+    match: np.ndarray  # [Q, K]
+    valid: np.ndarray  # [Q, K] a candidate within the depth
+    decided: np.ndarray  # [Q] retrieval decided (without candidates: refused)
+    match_nr: np.ndarray  # [Q] the no-retrieval answer's match
+    match_refusal: np.ndarray  # [Q] the refusal's match
+
+    @classmethod
+    def of(cls, prep, ndocs: int) -> "DevSet":
+        """From a `sweep.prepare`d cache, under the sweep's default options at depth `ndocs`."""
+        from selfrag_jax.evaluation import sweep as S
+        from selfrag_jax.inference import scoring
+
+        t, parts, opts = prep.table, prep.parts, S.Config(ndocs=ndocs).options(prep.cache.task)
+        features = scoring.bar_features(parts["rel"], parts["sup"], parts["use"], t.ret_score, parts["seq"],
+                                        t.retrieve_logprobs[t.question])
+        valid = prep.valid & (np.arange(t.width)[None, :] < ndocs)
+        decided = scoring.decide_retrieve(t.retrieve_logprobs, t.greedy_retrieval, opts.retrieve)
+        final = scoring.final_score(parts["seq"], parts["rel"], parts["sup"], parts["use"], opts.score)
+        return cls(t.padded(features, 0.0), np.where(valid, t.padded(final, 0.0), -np.inf), prep.match, valid,
+                   decided, prep.match_nr, prep.match_refusal)
+
+    def metric(self, scores: np.ndarray, thresholds: np.ndarray) -> np.ndarray:
+        """[T] mean match when candidates pass with `scores` [Q, K] above each threshold: the
+        open-task choice (`candidates.choose`: the best passing candidate by the paper's score,
+        the first on ties; none: the refusal; retrieval not decided: the no-retrieval answer)."""
+        passing = self.valid[None] & (scores[None] > thresholds[:, None, None])  # [T, Q, K]
+        best = np.argmax(np.where(passing, self.final[None], -np.inf), axis=-1)
+        given = np.take_along_axis(np.broadcast_to(self.match, passing.shape), best[..., None], -1)[..., 0]
+        answered = np.where(passing.any(-1), given, self.match_refusal[None])
+        return np.where(self.decided[None], answered, self.match_nr[None]).mean(-1)
+
+
+def fit_combination(sets: dict[str, DevSet], no_refusal: float, max_drop: float = MAX_DEV_DROP,
+                    steps: int = COMBINATION_SEARCH_STEPS, seed: int = 0):
+    """(Combination, its dev metric per set) that refuses the most of the least-refused
+    unanswerable kind with "answerable" within `max_drop` of `no_refusal` (pick_refusal's
+    objective), or None when no weights reach the window."""
+    from selfrag_jax.inference.scoring import Combination
+
+    real = {k: s.valid for k, s in sets.items()}
+    x = np.concatenate([s.features[real[k]] for k, s in sets.items()])
+    center, scale = x.mean(0), x.std(0) + 1e-9
+    standard = {k: (s.features - center) / scale for k, s in sets.items()}
+    kinds = [k for k in sets if k != "answerable"]
+
+    def evaluate(beta):  # (objective, threshold, metric per set) at this weight vector's best threshold
+        scores = {k: standard[k] @ beta for k in sets}
+        thresholds = np.quantile(np.concatenate([scores[k][real[k]] for k in sets]), np.linspace(0, 0.995, 400))
+        metric = {k: sets[k].metric(scores[k], thresholds) for k in sets}
+        ok = metric["answerable"] >= no_refusal - max_drop - 1e-9
+        rates = np.stack([metric[k] for k in kinds])
+        objective = np.where(ok, 2 + rates.min(0) + rates.mean(0) / 100, metric["answerable"])
+        i = int(np.argmax(objective))
+        return objective[i], thresholds[i], {k: float(m[i]) for k, m in metric.items()}
+
+    # Logistic regression (Newton's method, a little L2) as the starting point.
+    y = np.concatenate([sets[k].match[real[k]] if k == "answerable" else np.zeros(real[k].sum()) for k in sets])
+    w = np.concatenate([np.full(real[k].sum(), (len(kinds) if k == "answerable" else 1) / real[k].sum()) for k in sets])
+    xs = np.concatenate([(x - center) / scale, np.ones((len(x), 1))], 1)  # and an intercept
+    beta, ridge = np.zeros(xs.shape[1]), 1e-2 * np.diag([1.0] * (xs.shape[1] - 1) + [0.0])
+    for _ in range(50):
+        p = 1 / (1 + np.exp(-(xs @ beta)))
+        beta -= np.linalg.solve((xs * (w * p * (1 - p))[:, None]).T @ xs + ridge, xs.T @ (w * (p - y)) + ridge @ beta)
+    beta = beta[:-1]  # the threshold takes the intercept's place
+    rng = np.random.default_rng(seed)
+    best = (*evaluate(beta), beta)
+    for _ in range(steps):
+        trial = best[3] + rng.normal(0, 0.3, beta.shape) * (rng.random(beta.shape) < 0.5)
+        found = evaluate(trial)
+        if found[0] > best[0]:
+            best = (*found, trial)
+    objective, threshold, metric, beta = best
+    if objective < 2:
+        return None
+    weights = beta / scale  # the threshold moves into the bias: pass when the score is above 0
+    return Combination(tuple(map(float, weights)), tuple(map(float, center)), -float(threshold)), metric
 
 
 def choose_refusal(generator: Path, world: Path, index: Path, cache: Path, ndocs: int, n_answerable: int = 300,
@@ -149,15 +252,25 @@ def pick_refusal_on(caches: dict[str, Any], ndocs: int, log=print) -> dict[str, 
     rel, sup, issup, floor, use = bars[best]
     chosen = {"answerable": round(float(metric["answerable"][1 + best]), 4),
               **{k: round(float(v[best]), 4) for k, v in refused.items()}}
+    learned = fit_combination({name: DevSet.of(prep, ndocs) for name, prep in prepared.items()},
+                              float(metric["answerable"][0]))
+    combination = None
+    if learned is not None and within(learned[1], float(metric["answerable"][0])) and (
+            not within(chosen, float(metric["answerable"][0])) or _kinds_key(learned[1]) > _kinds_key(chosen)):
+        combination, chosen = learned[0], {k: round(v, 4) for k, v in learned[1].items()}
     log(f"[refusal] dev, no refusal: answerable {metric['answerable'][0]:.3f}, refused "
         + ", ".join(f"{k} {v[0]:.3f}" for k, v in metric.items() if k != "answerable")
-        + f"; bar rel > {rel}" + (f", sup > {sup}" if issup else ", IsSup not consulted")
-        + (f", retriever score > {floor}" if np.isfinite(floor) else "")
-        + (f", utility > {use}" if np.isfinite(use) else "") + ": "
+        + ("; the learned combination" if combination else
+           f"; bar rel > {rel}" + (f", sup > {sup}" if issup else ", IsSup not consulted")
+           + (f", retriever score > {floor}" if np.isfinite(floor) else "")
+           + (f", utility > {use}" if np.isfinite(use) else "")) + ": "
         + ", ".join(f"{k} {v:.3f}" for k, v in chosen.items()))
     finite = lambda f: float(f) if np.isfinite(f) else None  # noqa: E731  (JSON has no -inf: null)
     return {"rel_threshold": rel, "sup_threshold": sup, "issup": issup, "ret_threshold": finite(floor),
-            "use_threshold": finite(use), "ndocs": ndocs,
+            "use_threshold": finite(use), "combination": combination.to_json() if combination else None,
+            "grid_best_dev": {"answerable": round(float(metric["answerable"][1 + best]), 4),
+                              **{k: round(float(v[best]), 4) for k, v in refused.items()}},
+            "ndocs": ndocs,
             "max_dev_drop": MAX_DEV_DROP, "dev": chosen, "dev_no_refusal": {k: round(float(v[0]), 4) for k, v in metric.items()},
             "n": n,
             # every bar tried, as columns (thousands of bars: a list of rows would fill the file)

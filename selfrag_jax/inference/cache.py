@@ -43,7 +43,7 @@ import numpy as np
 from selfrag_jax import tokens as T
 from selfrag_jax.inference import scoring
 from selfrag_jax.inference.candidates import Choice, Table
-from selfrag_jax.inference.scoring import RefuseOptions
+from selfrag_jax.inference.scoring import Combination, RefuseOptions
 from selfrag_jax.utils import atomic_dir
 
 SCHEMA = 1
@@ -64,7 +64,11 @@ class SweepCache:
 
     def refuse_options(self) -> RefuseOptions:
         """The refusal options the cache was written with."""
-        return RefuseOptions(**self.meta["options"].get("refuse", {}))
+        fields = dict(self.meta["options"].get("refuse", {}))
+        if fields.get("combination") is not None:  # written by dataclasses.asdict
+            c = fields["combination"]
+            fields["combination"] = Combination(tuple(c["weights"]), tuple(c["centers"]), float(c["bias"]))
+        return RefuseOptions(**fields)
 
 
 def build_cache(results: list, opts) -> SweepCache:

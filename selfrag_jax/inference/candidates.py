@@ -264,7 +264,8 @@ def choose(table: Table, opts: ChoiceOptions) -> Choice:
     """The answer of every question under `opts` (docs/method.md section 5)."""
     decided = scoring.decide_retrieve(table.retrieve_logprobs, table.greedy_retrieval, opts.retrieve)
     sc = candidate_scores(table, opts.score, opts.ndocs)
-    passing = scoring.passes_bar(sc["rel"], sc["sup"], sc["use"], table.sup_label, table.ret_score, opts.refuse)
+    passing = scoring.passes_bar(sc["rel"], sc["sup"], sc["use"], table.sup_label, table.ret_score, opts.refuse,
+                                 sc["seq"], table.retrieve_logprobs[table.question])
     _, valid = table.grid
     depth = opts.ndocs or table.width
     keep = keep_mask(valid, np.arange(table.width)[None, :] < depth, table.padded(table.pruned, False),

@@ -175,7 +175,9 @@ def options_from_args(args: argparse.Namespace, pipeline: str | None = None, ref
     given = {"rel_threshold": args.refuse_rel_threshold, "sup_threshold": args.refuse_sup_threshold,
              "issup": None if args.refuse_issup is None else args.refuse_issup == "on",
              "ret_threshold": args.refuse_ret_threshold, "use_threshold": args.refuse_use_threshold}
-    bar.update({k: v for k, v in given.items() if v is not None})
+    given = {k: v for k, v in given.items() if v is not None}
+    if given:  # a bar given by its thresholds replaces a learned combination
+        bar.update(given, combination=None)
     return GenerateOptions(
         task=args.task, ndocs=args.ndocs, pipeline=pipeline, trace=args.trace,
         keep_top=(args.keep_top if keep_top is None else keep_top) if pipeline == "selfrag" else 0,

@@ -102,7 +102,10 @@ class RefuseOptions:
     one. Its scale is the index's, so a bar is chosen on dev data for one index. And the
     candidate's utility score (`use_score`, -1..1) above `use_threshold` (-inf: not consulted):
     an answer the passage states but to another question (a birth year where the birthplace
-    was asked, the passage silent on it) is supported and relevant, and only IsUse says so."""
+    was asked, the passage silent on it) is supported and relevant, and only IsUse says so.
+
+    With a `combination` (a learned bar, chosen on dev data) the thresholds are not consulted:
+    a candidate passes when its combined score is above 0 (`Combination`)."""
 
     enabled: bool = False
     rel_threshold: float = 0.5
@@ -111,6 +114,63 @@ class RefuseOptions:
     issup: bool = True
     ret_threshold: float = float("-inf")
     use_threshold: float = float("-inf")
+    combination: Combination | None = None
+
+
+# What a learned bar weighs, per candidate: IsRel's log-odds, the retriever's score, the utility
+# and support scores, the answer's mean log-probability, and the question's Retrieve log-odds.
+BAR_FEATURES = ("logit_rel", "ret_score", "use", "sup", "seq", "logit_retrieve")
+
+
+@dataclass(frozen=True)
+class Combination:
+    """A refusal bar that weighs the signals together: a candidate passes when
+    bias + sum of weight * (feature - center) over BAR_FEATURES is above 0. Thresholds on each
+    signal alone cannot trade one against another: an answer to a question no passage answers
+    is relevant and retrieved well but rated unhelpful, one about a look-alike is rated helpful
+    but retrieved less well. A candidate without a retriever score sits at the center."""
+
+    weights: tuple[float, ...]
+    centers: tuple[float, ...]
+    bias: float
+
+    def __post_init__(self):
+        if not len(self.weights) == len(self.centers) == len(BAR_FEATURES):
+            raise ValueError(f"a combination has {len(BAR_FEATURES)} weights and centers ({', '.join(BAR_FEATURES)})")
+
+    def score(self, features: np.ndarray) -> np.ndarray:
+        """[C] combined scores of [C, F] `bar_features`."""
+        centered = np.nan_to_num(np.asarray(features, np.float64) - np.asarray(self.centers))  # NaN: at the center
+        return centered @ np.asarray(self.weights, np.float64) + self.bias
+
+    def to_json(self) -> dict:
+        return {"bias": self.bias, "weights": dict(zip(BAR_FEATURES, self.weights)),
+                "centers": dict(zip(BAR_FEATURES, self.centers))}
+
+    @classmethod
+    def from_json(cls, obj) -> "Combination":
+        """From `to_json`'s form; a ValueError names what is missing or not a number."""
+        try:
+            parts = [[obj[part][f] for f in BAR_FEATURES] for part in ("weights", "centers")] + [[obj["bias"]]]
+        except (TypeError, KeyError) as err:
+            raise ValueError(f"a combination needs 'bias' and 'weights' and 'centers' of {', '.join(BAR_FEATURES)}: "
+                             f"missing {err}") from None
+        values = [v for part in parts for v in part]
+        if any(isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v) for v in values):
+            raise ValueError(f"a combination's weights, centers and bias must be finite numbers, got {obj!r}")
+        return cls(tuple(map(float, parts[0])), tuple(map(float, parts[1])), float(parts[2][0]))
+
+
+def bar_features(rel, sup, use, ret_score, seq, retrieve_logprobs) -> np.ndarray:
+    """[C, F] BAR_FEATURES of candidates: scores as `candidate_scores` gives them, `seq` the mean
+    log-probability, `retrieve_logprobs` [C, 3] their question's. Probabilities are clipped to
+    1e-6 from 0 and 1 before their log-odds, and seq below -10 (one token rated impossible
+    would otherwise outweigh everything)."""
+    logit = lambda p: np.log(p / (1 - p))  # noqa: E731
+    rel = np.clip(np.asarray(rel, np.float64), 1e-6, 1 - 1e-6)
+    ratio = np.clip(paper_ratio(retrieve_logprobs), 1e-6, 1 - 1e-6)
+    return np.stack([logit(rel), np.asarray(ret_score, np.float64), np.asarray(use, np.float64),
+                     np.asarray(sup, np.float64), np.maximum(np.asarray(seq, np.float64), -10.0), logit(ratio)], -1)
 
 
 # --- retrieval decision -----------------------------------------------------------------
@@ -187,8 +247,14 @@ def final_score(seq: np.ndarray, rel: np.ndarray, sup: np.ndarray, use: np.ndarr
 
 
 def passes_bar(rel: np.ndarray, sup: np.ndarray, use: np.ndarray, sup_label: np.ndarray, ret_score: np.ndarray,
-               opts: RefuseOptions) -> np.ndarray:
-    """Bool per candidate: is its answer supported well enough to be given?"""
+               opts: RefuseOptions, seq: np.ndarray | None = None, retrieve_logprobs: np.ndarray | None = None
+               ) -> np.ndarray:
+    """Bool per candidate: is its answer supported well enough to be given? A `combination`
+    also needs each candidate's `seq` and its question's `retrieve_logprobs` [C, 3]."""
+    if opts.combination is not None:
+        if seq is None or retrieve_logprobs is None:
+            raise ValueError("a combined refusal bar needs the candidates' seq and retrieve log-probabilities")
+        return opts.combination.score(bar_features(rel, sup, use, ret_score, seq, retrieve_logprobs)) > 0
     ret_score = np.asarray(ret_score, np.float64)
     passes = (np.asarray(rel) > opts.rel_threshold) & (np.isnan(ret_score) | (ret_score > opts.ret_threshold)) \
         & (np.asarray(use) > opts.use_threshold)
@@ -206,6 +272,8 @@ def refusal_reason(rel: np.ndarray, sup: np.ndarray, use: np.ndarray, sup_label:
     ret = np.asarray(ret_score, np.float64)
     if rel.size == 0:
         return "no passages were found"
+    if opts.combination is not None:
+        return "no answer passed the combined bar (relevance, retrieval, utility, support, confidence)"
     if not (np.isnan(ret) | (ret > opts.ret_threshold)).any():
         return f"every passage scored low by the retriever (max {np.nanmax(ret):.3f} <= {opts.ret_threshold})"
     if not (rel > opts.rel_threshold).any():

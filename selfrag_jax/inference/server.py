@@ -102,12 +102,20 @@ def request_options(base: GenerateOptions, overrides: Any, limits: Limits) -> Ge
                              threshold=float(pick("threshold", base.retrieve.threshold)),
                              rule=pick("threshold_rule", base.retrieve.rule)),
             score=replace(base.score, **{k: float(o[k]) for k in ("w_rel", "w_sup", "w_use", "w_ret") if k in o}),
-            refuse=replace(base.refuse, enabled=refuse, issup=pick("refuse_issup", base.refuse.issup),
-                           **{f"{k}_threshold": float(o[f"refuse_{k}_threshold"]) for k in ("rel", "sup", "ret", "use")
-                              if f"refuse_{k}_threshold" in o}),
+            refuse=replace(base.refuse, enabled=refuse, **refuse_overrides(o)),
             corrective=replace(base.corrective, max_rounds=rounds))
     except ValueError as err:
         raise BadRequest(f"options: {err}") from None
+
+
+def refuse_overrides(o: dict) -> dict:
+    """`RefuseOptions` fields a request's options set: a bar given by any threshold (or IsSup
+    on or off) replaces a learned combination."""
+    given = {f"{k}_threshold": float(o[f"refuse_{k}_threshold"]) for k in ("rel", "sup", "ret", "use")
+             if f"refuse_{k}_threshold" in o}
+    if "refuse_issup" in o:
+        given["issup"] = o["refuse_issup"]
+    return {**given, "combination": None} if given else {}
 
 
 def parse_generate(body: bytes, base: GenerateOptions, limits: Limits) -> tuple[Item, GenerateOptions, float]:

@@ -4,8 +4,9 @@
 models and `make train-default` keep it) or in the generator's own folder. It holds what was
 chosen on held-out dev questions, never on the sets it is reported on: the retrieval depth
 (`ndocs`, the demo's) and the refusal bar (`refuse`: `rel_threshold`, `sup_threshold`, `issup`,
-`ret_threshold`, `use_threshold`), which
-`generate`, `compare` and `serve` use whenever refusal is on and no bar is given.
+`ret_threshold`, `use_threshold`, and `combination` when a learned bar was chosen instead of
+the thresholds), which `generate`, `compare` and `serve` use whenever refusal is on and no bar
+is given.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import math
 import re
 from pathlib import Path
 from typing import Any
+
+from selfrag_jax.inference.scoring import Combination
 
 SETTINGS_FILE = "decoding.json"
 
@@ -47,9 +50,9 @@ def settings_file(model: str | Path) -> Path | None:
 
 def refusal_bar(model: str | Path) -> dict[str, Any] | None:
     """The refusal bar chosen for this generator on dev data, if any, as `RefuseOptions`
-    fields: rel_threshold, sup_threshold, issup (absent: on, the bar consults IsSup) and
+    fields: rel_threshold, sup_threshold, issup (absent: on, the bar consults IsSup),
     ret_threshold and use_threshold (absent or null: the retriever's scores, the utility
-    score, are not consulted: -inf)."""
+    score, are not consulted: -inf) and combination (absent or null: none; else it is the bar)."""
     path = settings_file(model)
     if path is None:
         return None
@@ -71,4 +74,10 @@ def refusal_bar(model: str | Path) -> dict[str, Any] | None:
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
             raise ValueError(f"{path}: 'refuse.{key}' must be a number or null, got {v!r}")
         floors[key] = float("-inf") if v is None else float(v)
-    return {"rel_threshold": bar[0], "sup_threshold": bar[1], "issup": issup, **floors}
+    combination = None
+    if refuse.get("combination") is not None:
+        try:
+            combination = Combination.from_json(refuse["combination"])
+        except ValueError as err:
+            raise ValueError(f"{path}: 'refuse.combination': {err}") from None
+    return {"rel_threshold": bar[0], "sup_threshold": bar[1], "issup": issup, **floors, "combination": combination}
