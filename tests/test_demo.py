@@ -467,13 +467,13 @@ def test_learned_bar_draws_a_boundary_no_pair_of_thresholds_can():
     import numpy as np
 
     from selfrag_jax.demo.decoding import DevSet, fit_combination
+    from selfrag_jax.inference.scoring import BAR_FEATURES
 
     rng = np.random.default_rng(0)
 
     def dev_set(n, use, ret, right):
-        features = np.zeros((n, 1, 6))
+        features = rng.normal(size=(n, 1, len(BAR_FEATURES)))  # noise in the other signals
         features[:, 0, 1], features[:, 0, 2] = ret, use
-        features[:, 0, [0, 3, 4, 5]] = rng.normal(size=(n, 4))  # noise in the other signals
         return DevSet(features, np.zeros((n, 1)), right[:, None].astype(float), np.ones((n, 1), bool),
                       np.ones(n, bool), np.zeros(n), np.zeros(n) if right.any() else np.ones(n))
 

@@ -81,21 +81,36 @@ def test_combined_bar_weighs_the_signals_together():
     comb = Combination.from_json({"bias": 0.0, "weights": weights, "centers": centers})
     opts = RefuseOptions(enabled=True, rel_threshold=0.999, combination=comb)
     rel, sup, label, seq = np.full(4, 0.9), np.full(4, 0.5), np.zeros(4, int), np.zeros(4)
-    retrieve = np.log(np.full((4, 3), 1 / 3))
+    retrieve, cover = np.log(np.full((4, 3), 1 / 3)), np.full(4, np.nan)
     ret, use = np.array([0.6, 0.45, 0.45, np.nan]), np.array([-0.4, 0.3, 0.2, 0.1])
+    features = scoring.bar_features(rel, sup, use, ret, seq, retrieve, cover, cover)
     # 1.0 - 0.8, -0.5 + 0.6, -0.5 + 0.4, 0 + 0.2
-    assert scoring.passes_bar(rel, sup, use, label, ret, opts, seq, retrieve).tolist() == [True, True, False, True]
+    assert scoring.passes_bar(rel, sup, use, label, ret, opts, features).tolist() == [True, True, False, True]
     assert Combination.from_json(comb.to_json()) == comb
-    features = scoring.bar_features(np.array([0.5, 1.0]), sup[:2], use[:2], ret[:2], np.array([-0.5, -50.0]), retrieve[:2])
+    features = scoring.bar_features(np.array([0.5, 1.0]), sup[:2], use[:2], ret[:2], np.array([-0.5, -50.0]),
+                                    retrieve[:2], np.array([0.5, 1.0]), np.array([0.25, 1.0]))
     assert features[:, 0] == pytest.approx([0.0, np.log((1 - 1e-6) / 1e-6)]) and features[:, 4].tolist() == [-0.5, -10.0]
     assert features[:, 5] == pytest.approx([0.0, 0.0])  # p(Retrieval) = p(No Retrieval): log-odds 0
-    with pytest.raises(ValueError, match="needs the candidates' seq"):
+    assert features[:, 6].tolist() == [0.5, 1.0] and features[:, 7].tolist() == [0.25, 1.0]
+    with pytest.raises(ValueError, match="needs the candidates' bar_features"):
         scoring.passes_bar(rel, sup, use, label, ret, opts)
     assert scoring.refusal_reason(rel, sup, use, label, ret, opts).startswith("no answer passed the combined bar")
     with pytest.raises(ValueError, match="missing 'seq'"):
         Combination.from_json({"bias": 0.0, "weights": {k: 1.0 for k in BAR_FEATURES if k != "seq"}, "centers": centers})
     with pytest.raises(ValueError, match="finite numbers"):
         Combination.from_json({"bias": float("nan"), "weights": weights, "centers": centers})
+
+
+def test_coverage_is_the_share_of_the_question_the_passage_mentions():
+    """Names: the question's capitalised words (question words aside); words: all of them; a
+    possessive 's and case do not matter; the title counts; none of them: NaN (unknown)."""
+    passage = {"title": "Fubo Skokro", "text": "In his spare time he played the drum. Skokro was born in 1929."}
+    assert scoring.coverage("Where was Fubo Skokro born?", passage) == (1.0, 1.0)
+    assert scoring.coverage("What instrument did Fubo Greimuski play?", passage) == (0.5, 0.25)
+    names, words = scoring.coverage("What was fubo skokro's height?", passage)
+    assert np.isnan(names) and words == 2 / 3  # no capitals: its names unknown
+    assert all(np.isnan(scoring.coverage("Who?", passage)))
+    assert all(np.isnan(scoring.coverage("Where was Fubo born?", None)))
 
 
 @pytest.mark.parametrize("rel,sup,label,reason", [

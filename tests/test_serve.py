@@ -168,7 +168,7 @@ def test_request_options_override_each_refusal_threshold_and_keep_the_rest():
     got = request_options(base, {"refuse_sup_threshold": 0.7, "refuse_ret_threshold": 0.45}, Limits()).refuse
     assert got == replace(base.refuse, sup_threshold=0.7, ret_threshold=0.45)
     # a learned combination stays unless the request gives a bar of thresholds
-    learned = replace(base, refuse=replace(base.refuse, combination=Combination((1.0,) * 6, (0.0,) * 6, 0.0)))
+    learned = replace(base, refuse=replace(base.refuse, combination=Combination((1.0,) * 8, (0.0,) * 8, 0.0)))
     assert request_options(learned, {"refuse": True}, Limits()).refuse == learned.refuse
     got = request_options(learned, {"refuse_issup": True}, Limits()).refuse
     assert got == replace(base.refuse, issup=True) and got.combination is None

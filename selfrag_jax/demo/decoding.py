@@ -133,9 +133,10 @@ class DevSet:
         from selfrag_jax.evaluation import sweep as S
         from selfrag_jax.inference import scoring
 
+        from selfrag_jax.inference.candidates import bar_features
+
         t, parts, opts = prep.table, prep.parts, S.Config(ndocs=ndocs).options(prep.cache.task)
-        features = scoring.bar_features(parts["rel"], parts["sup"], parts["use"], t.ret_score, parts["seq"],
-                                        t.retrieve_logprobs[t.question])
+        features = bar_features(t, parts)
         valid = prep.valid & (np.arange(t.width)[None, :] < ndocs)
         decided = scoring.decide_retrieve(t.retrieve_logprobs, t.greedy_retrieval, opts.retrieve)
         final = scoring.final_score(parts["seq"], parts["rel"], parts["sup"], parts["use"], opts.score)
@@ -162,8 +163,11 @@ def fit_combination(sets: dict[str, DevSet], no_refusal: float, max_drop: float 
 
     real = {k: s.valid for k, s in sets.items()}
     x = np.concatenate([s.features[real[k]] for k, s in sets.items()])
-    center, scale = x.mean(0), x.std(0) + 1e-9
-    standard = {k: (s.features - center) / scale for k, s in sets.items()}
+    known = np.isfinite(x).any(0)  # a feature no candidate has (NaN: an old cache) weighs nothing
+    center = np.where(known, np.nanmean(np.where(known, x, 0.0), 0), 0.0)
+    scale = np.where(known, np.nanstd(np.where(known, x, 0.0), 0), 1.0) + 1e-9
+    standard = {k: np.nan_to_num((s.features - center) / scale) for k, s in sets.items()}  # NaN: at the center
+    x = np.nan_to_num((x - center) / scale)
     kinds = [k for k in sets if k != "answerable"]
 
     def evaluate(beta):  # (objective, threshold, metric per set) at this weight vector's best threshold
@@ -179,7 +183,7 @@ def fit_combination(sets: dict[str, DevSet], no_refusal: float, max_drop: float 
     # Logistic regression (Newton's method, a little L2) as the starting point.
     y = np.concatenate([sets[k].match[real[k]] if k == "answerable" else np.zeros(real[k].sum()) for k in sets])
     w = np.concatenate([np.full(real[k].sum(), (len(kinds) if k == "answerable" else 1) / real[k].sum()) for k in sets])
-    xs = np.concatenate([(x - center) / scale, np.ones((len(x), 1))], 1)  # and an intercept
+    xs = np.concatenate([x, np.ones((len(x), 1))], 1)  # and an intercept
     beta, ridge = np.zeros(xs.shape[1]), 1e-2 * np.diag([1.0] * (xs.shape[1] - 1) + [0.0])
     for _ in range(50):
         p = 1 / (1 + np.exp(-(xs @ beta)))

@@ -27,6 +27,8 @@ Schema (version 1), written atomically (temporary folder, then one rename):
       c_rel_label, c_sup_label [C] int8  group index of the generated IsRel / IsSup token, -1 none
       c_ret_score         [C]  f32   the retriever's score of the passage, NaN if none (absent in
                                      caches written before it: read as NaN, no retriever prior)
+      c_name_cover, c_word_cover [C] f32  `scoring.coverage` of the question by the passage
+                                     (absent in caches written before them: read as NaN)
 `norm` is `scoring.answer_group(text, task)`, the key of closed-set aggregation.
 """
 

@@ -85,21 +85,25 @@ class Table:
     answer: np.ndarray  # [C] int32 id of the normalised answer within its question
     pruned: np.ndarray  # [C] bool: read but not decoded (`keep_top`)
     has_passage: np.ndarray  # [C] bool: a no-retrieval row (long form) has nothing to judge
+    name_cover: np.ndarray  # [C] `scoring.coverage` of the question by the passage: its names
+    word_cover: np.ndarray  # [C] and its words (NaN: unknown, no question or passage at hand)
 
     # what a `--cache` folder's arrays.npz stores, as q_<name> and c_<name>; `answer`, `pruned`
     # and `has_passage` are not stored (a cache's candidates all have passages and are decoded;
     # its answers come from its index)
     QUESTION_ARRAYS = ("retrieve_logprobs", "greedy_retrieval", "cand_start", "cand_count", "nr_seq")
     CANDIDATE_ARRAYS = ("question", "seq", "rel_probs", "sup_probs", "sup_found", "use_probs", "use_found",
-                        "rel_label", "sup_label", "ret_score")
+                        "rel_label", "sup_label", "ret_score", "name_cover", "word_cover")
 
     @classmethod
     def from_rows(cls, groups: Sequence[Sequence[Row]], task: str, retrieve_logprobs: np.ndarray | None = None,
-                  greedy_retrieval: Sequence[bool] | None = None, no_retrieval: Sequence[Row | None] | None = None
-                  ) -> "Table":
+                  greedy_retrieval: Sequence[bool] | None = None, no_retrieval: Sequence[Row | None] | None = None,
+                  questions: Sequence[str] | None = None) -> "Table":
         """The table of decoded rows, one group per question (or per beam, in long form)."""
         q_n = len(groups)
         rows = [row for group in groups for row in group]
+        cover = np.array([scoring.coverage(q, row.passage) for q, group in zip(questions, groups) for row in group]
+                         if questions is not None else np.full((len(rows), 2), np.nan), np.float32).reshape(-1, 2)
         counts = np.array([len(g) for g in groups], np.int32)
         lp = np.zeros((q_n, 3), np.float32) if retrieve_logprobs is None else retrieve_logprobs
         nr = [None] * q_n if no_retrieval is None else no_retrieval
@@ -120,23 +124,27 @@ class Table:
             ret_score=np.array([scoring.passage_score(r.passage) for r in rows], np.float64),
             answer=answer_ids([[r.text for r in g] for g in groups], task),
             pruned=np.array([r.pruned for r in rows], bool),
-            has_passage=np.array([r.passage is not None for r in rows], bool))
+            has_passage=np.array([r.passage is not None for r in rows], bool),
+            name_cover=cover[:, 0], word_cover=cover[:, 1])
 
     @classmethod
     def from_results(cls, results: Sequence, task: str) -> "Table":
         """The table of short-form results (`selfrag.QuestionResult`), one group per question."""
         return cls.from_rows([r.candidates for r in results], task,
                              np.array([r.retrieve_logprobs for r in results], np.float32).reshape(-1, 3),
-                             [r.greedy_retrieval for r in results], [r.no_retrieval for r in results])
+                             [r.greedy_retrieval for r in results], [r.no_retrieval for r in results],
+                             [r.item.question for r in results])
 
     @classmethod
     def from_arrays(cls, arrays: dict[str, np.ndarray], norms: Sequence[Sequence[str]]) -> "Table":
         """A `--cache` folder's arrays and its candidates' normalised answers. A cache written
-        before `c_ret_score` reads as NaN scores: no retriever prior."""
+        before `c_ret_score` reads as NaN scores: no retriever prior; before the coverage
+        arrays, as NaN coverage."""
         n_c = len(arrays["c_seq"])
         got = {name: arrays[f"q_{name}"] for name in cls.QUESTION_ARRAYS}
         got.update({name: arrays[f"c_{name}"] for name in cls.CANDIDATE_ARRAYS if f"c_{name}" in arrays})
-        got.setdefault("ret_score", np.full(n_c, np.nan, np.float32))
+        for name in ("ret_score", "name_cover", "word_cover"):
+            got.setdefault(name, np.full(n_c, np.nan, np.float32))
         return cls(**got, answer=answer_ids(norms, None), pruned=np.zeros(n_c, bool), has_passage=np.ones(n_c, bool))
 
     def to_arrays(self) -> dict[str, np.ndarray]:
@@ -213,6 +221,12 @@ def candidate_scores(table: Table, opts: ScoreOptions, ndocs: int = 0) -> dict[s
             "final": scoring.final_score(seq, rel, sup, use, opts, ret)}
 
 
+def bar_features(table: Table, sc: dict[str, np.ndarray]) -> np.ndarray:
+    """[C, F] `scoring.bar_features` of the table's candidates (`sc`: `candidate_scores`)."""
+    return scoring.bar_features(sc["rel"], sc["sup"], sc["use"], table.ret_score, sc["seq"],
+                                table.retrieve_logprobs[table.question], table.name_cover, table.word_cover)
+
+
 # --- the choice, written once for numpy and jax.numpy -----------------------------------
 def keep_mask(valid, in_depth, pruned, irrelevant, no_support, drop_irrelevant, drop_no_support, passing, refuse):
     """Which candidates may be chosen: real, within the depth, decoded, not dropped by a hard
@@ -265,7 +279,7 @@ def choose(table: Table, opts: ChoiceOptions) -> Choice:
     decided = scoring.decide_retrieve(table.retrieve_logprobs, table.greedy_retrieval, opts.retrieve)
     sc = candidate_scores(table, opts.score, opts.ndocs)
     passing = scoring.passes_bar(sc["rel"], sc["sup"], sc["use"], table.sup_label, table.ret_score, opts.refuse,
-                                 sc["seq"], table.retrieve_logprobs[table.question])
+                                 bar_features(table, sc) if opts.refuse.combination else None)
     _, valid = table.grid
     depth = opts.ndocs or table.width
     keep = keep_mask(valid, np.arange(table.width)[None, :] < depth, table.padded(table.pruned, False),

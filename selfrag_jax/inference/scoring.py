@@ -118,8 +118,30 @@ class RefuseOptions:
 
 
 # What a learned bar weighs, per candidate: IsRel's log-odds, the retriever's score, the utility
-# and support scores, the answer's mean log-probability, and the question's Retrieve log-odds.
-BAR_FEATURES = ("logit_rel", "ret_score", "use", "sup", "seq", "logit_retrieve")
+# and support scores, the answer's mean log-probability, the question's Retrieve log-odds, and
+# how much of the question the passage mentions (`coverage`).
+BAR_FEATURES = ("logit_rel", "ret_score", "use", "sup", "seq", "logit_retrieve", "name_cover", "word_cover")
+
+# Words a question is asked with, not about (`coverage` skips them).
+QUESTION_WORDS = frozenset(
+    "what who whom whose when where which why how is are was were do does did a an the of in on at to for from by with "
+    "and or as that this it its name tell me please".split())
+
+
+def coverage(question: str, passage: dict | None) -> tuple[float, float]:
+    """(names, words): the share of the question's capitalised words (the names it asks about)
+    and of all its words, question words aside, that the passage's title or text contains
+    (case-insensitive, a possessive 's dropped); NaN without a passage or without such words
+    (a question typed in lower case: unknown, not covered). A passage about a look-alike shares
+    only part of the name; one silent on what is asked lacks its word. Retrievers and IsRel
+    score both close to a real match."""
+    if passage is None:
+        return float("nan"), float("nan")
+    words = lambda text: [w.removesuffix("'s") for w in re.findall(r"[\w']+", text)]  # noqa: E731
+    found = {w.lower() for w in words(f"{passage.get('title') or ''} {passage.get('text') or ''}")}
+    asked = [w for w in words(question) if w.lower() not in QUESTION_WORDS]
+    share = lambda ws: float(np.mean([w.lower() in found for w in ws])) if ws else float("nan")  # noqa: E731
+    return share([w for w in asked if w[:1].isupper()]), share(asked)
 
 
 @dataclass(frozen=True)
@@ -128,7 +150,8 @@ class Combination:
     bias + sum of weight * (feature - center) over BAR_FEATURES is above 0. Thresholds on each
     signal alone cannot trade one against another: an answer to a question no passage answers
     is relevant and retrieved well but rated unhelpful, one about a look-alike is rated helpful
-    but retrieved less well. A candidate without a retriever score sits at the center."""
+    but retrieved less well. A feature a candidate lacks (a passage given without a retriever
+    score, a cache written before `coverage`) sits at the center."""
 
     weights: tuple[float, ...]
     centers: tuple[float, ...]
@@ -161,16 +184,17 @@ class Combination:
         return cls(tuple(map(float, parts[0])), tuple(map(float, parts[1])), float(parts[2][0]))
 
 
-def bar_features(rel, sup, use, ret_score, seq, retrieve_logprobs) -> np.ndarray:
+def bar_features(rel, sup, use, ret_score, seq, retrieve_logprobs, name_cover, word_cover) -> np.ndarray:
     """[C, F] BAR_FEATURES of candidates: scores as `candidate_scores` gives them, `seq` the mean
-    log-probability, `retrieve_logprobs` [C, 3] their question's. Probabilities are clipped to
-    1e-6 from 0 and 1 before their log-odds, and seq below -10 (one token rated impossible
-    would otherwise outweigh everything)."""
+    log-probability, `retrieve_logprobs` [C, 3] their question's, the two `coverage` shares.
+    Probabilities are clipped to 1e-6 from 0 and 1 before their log-odds, and seq below -10 (one
+    token rated impossible would otherwise outweigh everything)."""
     logit = lambda p: np.log(p / (1 - p))  # noqa: E731
     rel = np.clip(np.asarray(rel, np.float64), 1e-6, 1 - 1e-6)
     ratio = np.clip(paper_ratio(retrieve_logprobs), 1e-6, 1 - 1e-6)
-    return np.stack([logit(rel), np.asarray(ret_score, np.float64), np.asarray(use, np.float64),
-                     np.asarray(sup, np.float64), np.maximum(np.asarray(seq, np.float64), -10.0), logit(ratio)], -1)
+    return np.stack([logit(rel), *(np.asarray(x, np.float64) for x in (ret_score, use, sup)),
+                     np.maximum(np.asarray(seq, np.float64), -10.0), logit(ratio),
+                     *(np.asarray(x, np.float64) for x in (name_cover, word_cover))], -1)
 
 
 # --- retrieval decision -----------------------------------------------------------------
@@ -247,14 +271,13 @@ def final_score(seq: np.ndarray, rel: np.ndarray, sup: np.ndarray, use: np.ndarr
 
 
 def passes_bar(rel: np.ndarray, sup: np.ndarray, use: np.ndarray, sup_label: np.ndarray, ret_score: np.ndarray,
-               opts: RefuseOptions, seq: np.ndarray | None = None, retrieve_logprobs: np.ndarray | None = None
-               ) -> np.ndarray:
+               opts: RefuseOptions, features: np.ndarray | None = None) -> np.ndarray:
     """Bool per candidate: is its answer supported well enough to be given? A `combination`
-    also needs each candidate's `seq` and its question's `retrieve_logprobs` [C, 3]."""
+    reads the candidates' [C, F] `bar_features` instead."""
     if opts.combination is not None:
-        if seq is None or retrieve_logprobs is None:
-            raise ValueError("a combined refusal bar needs the candidates' seq and retrieve log-probabilities")
-        return opts.combination.score(bar_features(rel, sup, use, ret_score, seq, retrieve_logprobs)) > 0
+        if features is None:
+            raise ValueError("a combined refusal bar needs the candidates' bar_features")
+        return opts.combination.score(features) > 0
     ret_score = np.asarray(ret_score, np.float64)
     passes = (np.asarray(rel) > opts.rel_threshold) & (np.isnan(ret_score) | (ret_score > opts.ret_threshold)) \
         & (np.asarray(use) > opts.use_threshold)
