@@ -132,7 +132,6 @@ class DevSet:
         """From a `sweep.prepare`d cache, under the sweep's default options at depth `ndocs`."""
         from selfrag_jax.evaluation import sweep as S
         from selfrag_jax.inference import scoring
-
         from selfrag_jax.inference.candidates import bar_features
 
         t, parts, opts = prep.table, prep.parts, S.Config(ndocs=ndocs).options(prep.cache.task)
@@ -209,9 +208,10 @@ def choose_refusal(generator: Path, world: Path, index: Path, cache: Path, ndocs
     the first `n_answerable` of world_qa_dev (or `answerable_cache`, a cache of them with both
     paths at a depth of at least `ndocs`: `choose_depth`'s) and every unanswerable kind's dev
     split (eval/unanswerable/*_dev.jsonl), each cached with both paths and swept at depth
-    `ndocs` over REFUSE_REL x REFUSE_SUP (and IsRel alone) x `retriever_floors` x REFUSE_USE. An
-    unanswerable question counts as refused when the answer is the refusal, from the bar or
-    written by the generator (its gold is set to that message)."""
+    `ndocs` over REFUSE_REL x REFUSE_SUP (and IsRel alone) x `retriever_floors` x REFUSE_USE,
+    and a learned combination (`fit_combination`) kept where it does better. An unanswerable
+    question counts as refused when the answer is the refusal, from the bar or written by the
+    generator (its gold is set to that message)."""
     from selfrag_jax.inference.cache import load_cache, write_cache
     from selfrag_jax.inference.scoring import RefuseOptions
     from selfrag_jax.inference.selfrag import GenerateOptions, ShortForm
