@@ -231,7 +231,7 @@ def test_contrast_pairs_give_each_chosen_question_another_value_of_its_attribute
 def test_kind_contrast_pairs_answer_with_another_attribute_of_the_same_person(built):
     from selfrag_jax.world.generator_data import KIND_SUFFIX, kind_contrast_pairs
     from selfrag_jax.world.kb import ATTRIBUTES
-    from selfrag_jax.world.tasks import UNRECORDED
+    from selfrag_jax.world.tasks import UNRECORDED, UNRECORDED_YEARS
 
     out, _ = built
     records, metas = load(out, "train/raw.jsonl"), load(out, "train/raw_meta.jsonl")
@@ -241,7 +241,8 @@ def test_kind_contrast_pairs_answer_with_another_attribute_of_the_same_person(bu
     assert 0.35 * len(qa) < len(pairs) < 0.65 * len(qa)
     source = {r["id"]: r for r in records}
     unrecorded = {q.format(name=e["name"]) for e in people.values() for qs in UNRECORDED.values() for q in qs}
-    asked_else = 0
+    years = {e["name"]: {q.format(name=e["name"]) for a in UNRECORDED_YEARS for q in UNRECORDED[a]} for e in people.values()}
+    asked_else = asked_year = 0
     for p in pairs:
         meta = qa[p["id"].removesuffix(KIND_SUFFIX)]
         person = people[meta["entity_ids"][0]]
@@ -252,7 +253,10 @@ def test_kind_contrast_pairs_answer_with_another_attribute_of_the_same_person(bu
             asked_else += 1
             assert p["instruction"] in unrecorded and person["name"] in p["instruction"]
             assert p["output"] in {person[a] for a in ATTRIBUTES}
-    assert 0.35 * len(pairs) < asked_else < 0.65 * len(pairs)
+            if p["instruction"] in years[person["name"]]:  # a year asked: the birth year, the asked kind
+                asked_year += 1
+                assert p["output"] == person["birth_year"]
+    assert 0.35 * len(pairs) < asked_else < 0.65 * len(pairs) and asked_year > 0.1 * asked_else
     assert kind_contrast_pairs(records, metas, 0.5) == pairs and not kind_contrast_pairs(records, metas, 0.0)
     assert all(p["instruction"] == source[p["id"].removesuffix(KIND_SUFFIX)]["instruction"]
                for p in kind_contrast_pairs(records, metas, 0.5, unrecorded_share=0.0))
@@ -310,7 +314,7 @@ def test_unanswerable_kinds_have_disjoint_dev_and_test_and_no_passage_answers_th
     assert not re.search(r"\b(die|died|tall|height|food|dish)\b", text)  # what `unstated` asks, no passage states
     # what training asks and no passage records, none of it what `unstated` asks
     assert not re.search(r"\b(retire|school|father|sport|eyes?|nickname|pet|heavy|weigh|colou?r|book|hair|shoe|feet|car|drive"
-                         r"|religion|faith|mother|perform|concert)\b", text)
+                         r"|religion|faith|mother|perform|concert|wed|wedding|graduate)\b", text)
     assert not set(UNRECORDED) & set(UNSTATED)
     assert not re.search(r"\b(die|tall|height|food|dish)\b", " ".join(q for qs in UNRECORDED.values() for q in qs))
 

@@ -211,7 +211,7 @@ class CriticMaker:
         if k == 2:  # the right person, the wrong kind of fact
             if r.random() < 0.3:  # asked what no passage records: every recorded value is the wrong kind
                 p = self._person()
-                question = unrecorded_question(r, p.name)
+                _, question = unrecorded_question(r, p.name)
                 a = r.choice(ATTRIBUTES)
                 return isuse_input(question, self._own_or_other(p, a))
             task = t.qa() if r.random() < 0.8 else t.pair_qa()

@@ -20,7 +20,7 @@ from ..tokens import (
 from .core import World
 from .kb import Person
 from .passages import WorldPassage
-from .tasks import REFUSAL, Task, unrecorded_question
+from .tasks import REFUSAL, UNRECORDED_YEARS, Task, unrecorded_question
 
 
 @dataclass(frozen=True)
@@ -164,7 +164,8 @@ def kind_contrast_pairs(records: list[dict], metas: list[dict], share: float, se
     question, `[Utility:2]`, the case of a birthplace asked and a birth year answered that IsUse
     exists to catch (beyond the paper; the answer is weighted 0, `MaskConfig.unhelpful_weight`).
     An `unrecorded_share` of the copies ask instead what no passage records (`tasks.UNRECORDED`),
-    answered with any of the person's values: no value answers those."""
+    answered with any of the person's values, or with the birth year where a year is asked
+    (`UNRECORDED_YEARS`): no value answers those."""
     rng, out = random.Random(seed), []
     for r, m in zip(records, metas):
         if m["kind"] != "qa" or rng.random() >= share or not m.get("other_values"):
@@ -172,8 +173,11 @@ def kind_contrast_pairs(records: list[dict], metas: list[dict], share: float, se
         other = m["other_values"]
         copy = {**r, "output": other[rng.choice(sorted(other))], "id": r["id"] + KIND_SUFFIX}
         if rng.random() < unrecorded_share and m.get("name"):
-            question = unrecorded_question(rng, m["name"])
-            copy.update(instruction=question, output=rng.choice([*sorted(other.values()), *m["answers"]]))
+            attribute, question = unrecorded_question(rng, m["name"])
+            values = {**other, m["attributes"][0]: m["answers"][0]}
+            answer = (values["birth_year"] if attribute in UNRECORDED_YEARS and "birth_year" in values
+                      else rng.choice([*sorted(other.values()), *m["answers"]]))
+            copy.update(instruction=question, output=answer)
         out.append(copy)
     return out
 

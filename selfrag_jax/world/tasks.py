@@ -93,12 +93,19 @@ UNRECORDED = {
     "religion": ("What religion did {name} follow?", "What faith did {name} hold?"),
     "mother_birthplace": ("Where was {name}'s mother born?", "Which town was {name}'s mother from?"),
     "first_concert_year": ("In what year did {name} first perform in public?", "When did {name} give a first concert?"),
+    "wedding_year": ("In what year did {name} wed?", "When was {name}'s wedding?"),
+    "graduation_year": ("In what year did {name} graduate?", "When did {name} graduate?"),
 }
+# Those asking for a year: a recorded year (the birth year) is the value of the asked kind that
+# still does not answer them, the confusion an IsUse that only checks the kind would miss.
+UNRECORDED_YEARS = ("retirement_year", "first_concert_year", "wedding_year", "graduation_year")
 
 
-def unrecorded_question(rng: random.Random, name: str) -> str:
-    """One of UNRECORDED's questions about `name`, its attribute and wording drawn from `rng`."""
-    return rng.choice(UNRECORDED[rng.choice(sorted(UNRECORDED))]).format(name=name)
+def unrecorded_question(rng: random.Random, name: str) -> tuple[str, str]:
+    """(attribute, question): one of UNRECORDED's questions about `name`, its attribute and
+    wording drawn from `rng`."""
+    attribute = rng.choice(sorted(UNRECORDED))
+    return attribute, rng.choice(UNRECORDED[attribute]).format(name=name)
 
 
 LONGFORM_REQUESTS = ("Tell me about {name}.", "Write a short biography of {name}.", "Who was {name}?")
