@@ -94,7 +94,7 @@ def test_combined_bar_weighs_the_signals_together():
     assert features[:, 6].tolist() == [0.5, 1.0] and features[:, 7].tolist() == [0.25, 1.0]
     with pytest.raises(ValueError, match="needs the candidates' bar_features"):
         scoring.passes_bar(rel, sup, use, label, ret, opts)
-    assert scoring.refusal_reason(rel, sup, use, label, ret, opts).startswith("no answer passed the combined bar")
+    assert scoring.refusal_reason(rel, sup, use, label, ret, opts).startswith("no answer passed the learned bar")
     with pytest.raises(ValueError, match="missing 'seq'"):
         Combination.from_json({"bias": 0.0, "weights": {k: 1.0 for k in BAR_FEATURES if k != "seq"}, "centers": centers})
     with pytest.raises(ValueError, match="finite numbers"):

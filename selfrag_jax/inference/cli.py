@@ -171,13 +171,11 @@ def options_from_args(args: argparse.Namespace, pipeline: str | None = None, ref
     refuse = args.refuse if refuse is None else refuse
     if refuse is None:
         refuse = pipeline == "selfrag" and not args.long_form and args.task in REFUSE_TASKS
-    bar = refusal_bar(args.model) or {}  # chosen on dev data; each flag given wins
+    bar = refusal_bar(args.model) or {}  # chosen on dev data; flags given win
     given = {"rel_threshold": args.refuse_rel_threshold, "sup_threshold": args.refuse_sup_threshold,
              "issup": None if args.refuse_issup is None else args.refuse_issup == "on",
              "ret_threshold": args.refuse_ret_threshold, "use_threshold": args.refuse_use_threshold}
     given = {k: v for k, v in given.items() if v is not None}
-    if given:  # a bar given by its thresholds replaces a learned combination
-        bar.update(given, combination=None)
     return GenerateOptions(
         task=args.task, ndocs=args.ndocs, pipeline=pipeline, trace=args.trace,
         keep_top=(args.keep_top if keep_top is None else keep_top) if pipeline == "selfrag" else 0,
@@ -186,7 +184,7 @@ def options_from_args(args: argparse.Namespace, pipeline: str | None = None, ref
         score=ScoreOptions(w_rel=args.w_rel, w_sup=args.w_sup, w_use=args.w_use, seqscore=not args.no_seqscore,
                            hard=Hard.of(args.drop_no_support, args.drop_irrelevant), w_ret=args.w_ret,
                            ret_temperature=args.ret_temperature),
-        refuse=RefuseOptions(enabled=bool(refuse), message=args.refusal_message, **bar),
+        refuse=RefuseOptions(enabled=bool(refuse), message=args.refusal_message, **bar).with_thresholds(**given),
         corrective=CorrectiveOptions(max_rounds=max_rounds or args.max_rounds, rel_threshold=args.crag_rel_threshold,
                                      token_budget=args.retry_token_budget, query=args.crag_query),
         beam_width=args.beam_width, max_depth=args.max_depth, static_passages=args.static_passages)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -115,6 +115,11 @@ class RefuseOptions:
     ret_threshold: float = float("-inf")
     use_threshold: float = float("-inf")
     combination: Combination | None = None
+
+    def with_thresholds(self, **given) -> "RefuseOptions":
+        """These options with the bar's thresholds (or `issup`) that are `given`: a bar given by
+        its thresholds (a flag, a request's option) replaces a learned combination."""
+        return replace(self, **given, combination=None) if given else self
 
 
 # What a learned bar weighs, per candidate: IsRel's log-odds, the retriever's score, the utility
@@ -296,7 +301,7 @@ def refusal_reason(rel: np.ndarray, sup: np.ndarray, use: np.ndarray, sup_label:
     if rel.size == 0:
         return "no passages were found"
     if opts.combination is not None:
-        return "no answer passed the combined bar (relevance, retrieval, utility, support, confidence)"
+        return "no answer passed the learned bar (relevance, retrieval, utility, support, confidence and coverage)"
     if not (np.isnan(ret) | (ret > opts.ret_threshold)).any():
         return f"every passage scored low by the retriever (max {np.nanmax(ret):.3f} <= {opts.ret_threshold})"
     if not (rel > opts.rel_threshold).any():

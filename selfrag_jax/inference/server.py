@@ -102,20 +102,17 @@ def request_options(base: GenerateOptions, overrides: Any, limits: Limits) -> Ge
                              threshold=float(pick("threshold", base.retrieve.threshold)),
                              rule=pick("threshold_rule", base.retrieve.rule)),
             score=replace(base.score, **{k: float(o[k]) for k in ("w_rel", "w_sup", "w_use", "w_ret") if k in o}),
-            refuse=replace(base.refuse, enabled=refuse, **refuse_overrides(o)),
+            refuse=replace(base.refuse, enabled=refuse).with_thresholds(**refuse_overrides(o)),
             corrective=replace(base.corrective, max_rounds=rounds))
     except ValueError as err:
         raise BadRequest(f"options: {err}") from None
 
 
 def refuse_overrides(o: dict) -> dict:
-    """`RefuseOptions` fields a request's options set: a bar given by any threshold (or IsSup
-    on or off) replaces a learned combination."""
+    """The refusal bar's fields a request's options give (`RefuseOptions.with_thresholds`)."""
     given = {f"{k}_threshold": float(o[f"refuse_{k}_threshold"]) for k in ("rel", "sup", "ret", "use")
              if f"refuse_{k}_threshold" in o}
-    if "refuse_issup" in o:
-        given["issup"] = o["refuse_issup"]
-    return {**given, "combination": None} if given else {}
+    return given | ({"issup": o["refuse_issup"]} if "refuse_issup" in o else {})
 
 
 def parse_generate(body: bytes, base: GenerateOptions, limits: Limits) -> tuple[Item, GenerateOptions, float]:
