@@ -95,6 +95,17 @@ def test_combined_bar_weighs_the_signals_together():
     with pytest.raises(ValueError, match="needs the candidates' bar_features"):
         scoring.passes_bar(rel, sup, use, label, ret, opts)
     assert scoring.refusal_reason(rel, sup, use, label, ret, opts).startswith("no answer passed the learned bar")
+    # a --cache folder's meta keeps it as decoding.json does, and gives it back
+    from dataclasses import replace
+
+    from selfrag_jax.inference.cache import SweepCache, options_json
+    from selfrag_jax.inference.selfrag import GenerateOptions
+
+    generate = GenerateOptions(refuse=opts)
+    meta = json.loads(json.dumps({"options": options_json(generate)}))
+    assert meta["options"]["refuse"]["combination"] == comb.to_json()
+    assert SweepCache(meta, [], {}).refuse_options() == opts
+    assert SweepCache({"options": options_json(replace(generate, refuse=BAR))}, [], {}).refuse_options() == BAR
     with pytest.raises(ValueError, match="missing 'seq'"):
         Combination.from_json({"bias": 0.0, "weights": {k: 1.0 for k in BAR_FEATURES if k != "seq"}, "centers": centers})
     with pytest.raises(ValueError, match="finite numbers"):

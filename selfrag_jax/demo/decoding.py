@@ -73,9 +73,10 @@ REFUSE_USE = (float("-inf"), -0.5, 0.0, 0.25, 0.5, 0.75)  # use_score's scale: -
 MAX_DEV_DROP = 0.03
 
 
-def within(dev: dict[str, float], no_refusal: float, max_drop: float = MAX_DEV_DROP) -> bool:
-    """Answerable dev accuracy within `max_drop` of Self-RAG without refusal."""
-    return dev["answerable"] >= no_refusal - max_drop - 1e-9
+def within(answerable, no_refusal: float, max_drop: float = MAX_DEV_DROP):
+    """Answerable dev accuracy (a number or an array of them) within `max_drop` of Self-RAG
+    without refusal."""
+    return answerable >= no_refusal - max_drop - 1e-9
 
 
 def _kinds_key(dev: dict[str, float]) -> tuple[float, float]:
@@ -90,11 +91,11 @@ def pick_refusal(bars: list[tuple[float, float, bool, float, float]], answerable
     accuracy is within `max_drop` of `no_refusal`, the highest refusal rate on the least-refused
     kind, then on average, then the lower bars (fewer answers withheld), then one that consults
     IsSup. With none within reach, the most accurate bar."""
-    dev = lambda i: {"answerable": float(answerable[i]), **{k: float(v[i]) for k, v in refused.items()}}  # noqa: E731
-    ok = [i for i in range(len(bars)) if within(dev(i), no_refusal, max_drop)]
-    if not ok:
+    ok = np.flatnonzero(within(answerable, no_refusal, max_drop))
+    if not len(ok):
         return int(np.argmax(answerable))
-    return int(max(ok, key=lambda i: (*_kinds_key(dev(i)), -bars[i][0], -bars[i][1], -bars[i][3], -bars[i][4],
+    rates = lambda i: {k: float(v[i]) for k, v in refused.items()}  # noqa: E731
+    return int(max(ok, key=lambda i: (*_kinds_key(rates(i)), -bars[i][0], -bars[i][1], -bars[i][3], -bars[i][4],
                                       bars[i][2])))
 
 
@@ -138,7 +139,7 @@ class DevSet:
         features = bar_features(t, parts)
         valid = prep.valid & (np.arange(t.width)[None, :] < ndocs)
         decided = scoring.decide_retrieve(t.retrieve_logprobs, t.greedy_retrieval, opts.retrieve)
-        final = scoring.final_score(parts["seq"], parts["rel"], parts["sup"], parts["use"], opts.score)
+        final = parts["final"]  # the paper's score under the sweep's defaults (no retriever prior)
         return cls(t.padded(features, 0.0), np.where(valid, t.padded(final, 0.0), -np.inf), prep.match, valid,
                    decided, prep.match_nr, prep.match_refusal)
 
@@ -173,7 +174,7 @@ def fit_combination(sets: dict[str, DevSet], no_refusal: float, max_drop: float 
         scores = {k: standard[k] @ beta for k in sets}
         thresholds = np.quantile(np.concatenate([scores[k][real[k]] for k in sets]), np.linspace(0, 0.995, 400))
         metric = {k: sets[k].metric(scores[k], thresholds) for k in sets}
-        ok = metric["answerable"] >= no_refusal - max_drop - 1e-9
+        ok = within(metric["answerable"], no_refusal, max_drop)
         rates = np.stack([metric[k] for k in kinds])
         objective = np.where(ok, 2 + rates.min(0) + rates.mean(0) / 100, metric["answerable"])
         i = int(np.argmax(objective))
@@ -254,13 +255,13 @@ def pick_refusal_on(caches: dict[str, Any], ndocs: int, log=print) -> dict[str, 
     refused = {k: v[1:] for k, v in metric.items() if k != "answerable"}
     best = pick_refusal(bars, metric["answerable"][1:], refused, float(metric["answerable"][0]))
     rel, sup, issup, floor, use = bars[best]
-    chosen = {"answerable": round(float(metric["answerable"][1 + best]), 4),
-              **{k: round(float(v[best]), 4) for k, v in refused.items()}}
-    learned = fit_combination({name: DevSet.of(prep, ndocs) for name, prep in prepared.items()},
-                              float(metric["answerable"][0]))
+    chosen = grid_best = {"answerable": round(float(metric["answerable"][1 + best]), 4),
+                          **{k: round(float(v[best]), 4) for k, v in refused.items()}}
+    no_refusal = float(metric["answerable"][0])
+    learned = fit_combination({name: DevSet.of(prep, ndocs) for name, prep in prepared.items()}, no_refusal)
     combination = None
-    if learned is not None and within(learned[1], float(metric["answerable"][0])) and (
-            not within(chosen, float(metric["answerable"][0])) or _kinds_key(learned[1]) > _kinds_key(chosen)):
+    if learned is not None and within(learned[1]["answerable"], no_refusal) and (
+            not within(grid_best["answerable"], no_refusal) or _kinds_key(learned[1]) > _kinds_key(grid_best)):
         combination, chosen = learned[0], {k: round(v, 4) for k, v in learned[1].items()}
     log(f"[refusal] dev, no refusal: answerable {metric['answerable'][0]:.3f}, refused "
         + ", ".join(f"{k} {v[0]:.3f}" for k, v in metric.items() if k != "answerable")
@@ -272,8 +273,7 @@ def pick_refusal_on(caches: dict[str, Any], ndocs: int, log=print) -> dict[str, 
     finite = lambda f: float(f) if np.isfinite(f) else None  # noqa: E731  (JSON has no -inf: null)
     return {"rel_threshold": rel, "sup_threshold": sup, "issup": issup, "ret_threshold": finite(floor),
             "use_threshold": finite(use), "combination": combination.to_json() if combination else None,
-            "grid_best_dev": {"answerable": round(float(metric["answerable"][1 + best]), 4),
-                              **{k: round(float(v[best]), 4) for k, v in refused.items()}},
+            "grid_best_dev": grid_best,
             "ndocs": ndocs,
             "max_dev_drop": MAX_DEV_DROP, "dev": chosen, "dev_no_refusal": {k: round(float(v[0]), 4) for k, v in metric.items()},
             "n": n,

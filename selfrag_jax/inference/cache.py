@@ -67,9 +67,8 @@ class SweepCache:
     def refuse_options(self) -> RefuseOptions:
         """The refusal options the cache was written with."""
         fields = dict(self.meta["options"].get("refuse", {}))
-        if fields.get("combination") is not None:  # written by dataclasses.asdict
-            c = fields["combination"]
-            fields["combination"] = Combination(tuple(c["weights"]), tuple(c["centers"]), float(c["bias"]))
+        if fields.get("combination") is not None:
+            fields["combination"] = Combination.from_json(fields["combination"])
         return RefuseOptions(**fields)
 
 
@@ -78,7 +77,7 @@ def build_cache(results: list, opts) -> SweepCache:
     if any(r.no_retrieval is None for r in results):
         raise ValueError("write_cache needs both paths decoded (GenerateOptions.keep_both_paths)")
     table = Table.from_results(results, opts.task)
-    meta = {"schema": SCHEMA, "task": opts.task, "options": _jsonable(dataclasses.asdict(opts)),
+    meta = {"schema": SCHEMA, "task": opts.task, "options": options_json(opts),
             "groups": {"retrieve": T.RETRIEVE_GROUP, "isrel": T.ISREL_GROUP, "issup": T.ISSUP_GROUP,
                        "isuse": T.ISUSE_GROUP},
             "n_questions": len(results), "n_candidates": len(table.seq)}
@@ -106,6 +105,15 @@ def _index_line(r, task: str) -> dict[str, Any]:
 def _answers(record: dict[str, Any]) -> list:
     answers = record.get("answers", record.get("answer", []))
     return answers if isinstance(answers, list) else [answers]
+
+
+def options_json(opts) -> dict[str, Any]:
+    """GenerateOptions as the cache's meta keeps them; a learned refusal bar in the form
+    decoding.json keeps it (`Combination.to_json`)."""
+    out = _jsonable(dataclasses.asdict(opts))
+    if opts.refuse.combination is not None:
+        out["refuse"]["combination"] = opts.refuse.combination.to_json()
+    return out
 
 
 def _jsonable(obj):
